@@ -1,0 +1,117 @@
+//! What happens to a delivery: the one type every layer and the consumer
+//! loop share.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What the consumer loop does with a delivery once the stack has finished
+/// with it. The loop carries out each decision exactly once.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// The handler succeeded: acknowledge.
+    Ack,
+    /// The delivery is retried as attempt `attempt` after `delay`.
+    ///
+    /// With [`RetryVia::Rung`] the copy is already in the broker (published
+    /// with a confirm) and the loop acknowledges the original. With
+    /// [`RetryVia::Process`] the wait happens in this process; the loop
+    /// only sees it if no retry layer carried it out and then hands the
+    /// delivery back.
+    Retry(RetryDecision),
+    /// The delivery cannot be handled.
+    DeadLetter(DeadLetterDecision),
+    /// Leave the delivery to the broker, unsettled by this handler: the
+    /// broker redelivers it at the same attempt number. The loop requeues it
+    /// while its channel is open; on a closed channel the broker already has.
+    HandBack,
+    /// The handler ignored cancellation past the grace period and was
+    /// dropped. The loop settles nothing; closing the connection returns
+    /// the delivery to the broker.
+    Abandoned,
+}
+
+impl Decision {
+    /// A short name for logs and the `outcome` metric label.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Decision::Ack => "ack",
+            Decision::Retry(r) if r.via == RetryVia::Process => "retry-process",
+            Decision::Retry(_) => "retry-broker",
+            Decision::DeadLetter(d) if d.published => "dead-lettered",
+            Decision::DeadLetter(_) => "rejected-to-dlx",
+            Decision::HandBack => "handed-back",
+            Decision::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// Where a retry waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryVia {
+    /// In this process, holding the delivery.
+    Process,
+    /// On a rung queue in the broker (named here).
+    Rung(String),
+}
+
+/// A retry: the next attempt and its delay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryDecision {
+    /// The attempt number the copy carries.
+    pub attempt: u32,
+    /// How long it waits before that attempt.
+    pub delay: Duration,
+    /// Where it waits.
+    pub via: RetryVia,
+}
+
+/// A dead-lettering: why, the last error, and whether the copy carrying the
+/// reason is already in the dead-letter queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetterDecision {
+    /// Why the delivery is dead-lettered.
+    pub reason: Reason,
+    /// The last error's display chain.
+    pub error: String,
+    /// How many attempts were made.
+    pub attempts: u32,
+    /// `true`: a copy with the reason headers is in the dead-letter queue
+    /// (confirmed) and the loop acknowledges the original. `false`: the loop
+    /// rejects without requeue and the queue's own dead-letter exchange
+    /// takes it, without the reason.
+    pub published: bool,
+}
+
+/// Why a delivery was dead-lettered; written to `x-acemq-reason`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// Every attempt of the retry schedule failed.
+    MaxAttempts,
+    /// The handler marked the failure permanent.
+    Rejected,
+    /// The handler panicked.
+    Panic,
+    /// The handler did not finish in time.
+    Timeout,
+}
+
+impl Reason {
+    /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::MaxAttempts => "max-attempts",
+            Reason::Rejected => "rejected",
+            Reason::Panic => "panic",
+            Reason::Timeout => "timeout",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

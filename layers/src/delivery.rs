@@ -1,0 +1,238 @@
+//! The request type every layer handles: one message taken from a queue.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Extensions;
+use tokio_util::sync::CancellationToken;
+
+use crate::headers::{Headers, Value};
+
+/// Header that carries the attempt number of a message (1 for the first).
+pub const ATTEMPT_HEADER: &str = "x-acemq-attempt";
+
+/// The largest attempt number accepted from a header. Anything above is
+/// treated as malformed: no real schedule retries a million times.
+pub const MAX_ATTEMPT: u32 = 1_000_000;
+
+/// AMQP basic properties other than headers, kept so a republished copy
+/// (retry rung, dead-letter queue) carries the original's properties.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Properties {
+    /// MIME content type.
+    pub content_type: Option<String>,
+    /// MIME content encoding.
+    pub content_encoding: Option<String>,
+    /// 1 = transient, 2 = persistent.
+    pub delivery_mode: Option<u8>,
+    /// Message priority.
+    pub priority: Option<u8>,
+    /// Correlation identifier.
+    pub correlation_id: Option<String>,
+    /// Address to reply to.
+    pub reply_to: Option<String>,
+    /// Per-message TTL, as the AMQP string.
+    pub expiration: Option<String>,
+    /// Application message identifier.
+    pub message_id: Option<String>,
+    /// Timestamp, seconds since the Unix epoch.
+    pub timestamp: Option<u64>,
+    /// Message type name.
+    pub kind: Option<String>,
+    /// Creating user id.
+    pub user_id: Option<String>,
+    /// Creating application id.
+    pub app_id: Option<String>,
+}
+
+/// The immutable part of a delivery, shared (not copied) between the
+/// handler, retries and republished copies.
+#[derive(Debug, Default)]
+struct Message {
+    exchange: String,
+    routing_key: String,
+    body: Bytes,
+    headers: Headers,
+    properties: Properties,
+}
+
+/// One message delivered from a queue: the request of every acemq layer.
+///
+/// Cloning is cheap (reference counts only): the body, headers and properties
+/// are shared. The attempt number and cancellation token are per delivery.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    message: Arc<Message>,
+    queue: Arc<str>,
+    delivery_tag: u64,
+    redelivered: bool,
+    attempt: u32,
+    token: CancellationToken,
+    extensions: Extensions,
+}
+
+/// Builds a [`Delivery`]; used by the transport binding, tests and benches.
+#[derive(Debug, Default)]
+pub struct DeliveryBuilder {
+    message: Message,
+    queue: Option<Arc<str>>,
+    delivery_tag: u64,
+    redelivered: bool,
+    token: Option<CancellationToken>,
+}
+
+impl DeliveryBuilder {
+    /// The queue the delivery came from.
+    pub fn queue(mut self, queue: impl Into<Arc<str>>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+    /// The message body.
+    pub fn body(mut self, body: impl Into<Bytes>) -> Self {
+        self.message.body = body.into();
+        self
+    }
+    /// The message headers (the attempt is parsed from them).
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.message.headers = headers;
+        self
+    }
+    /// The message properties.
+    pub fn properties(mut self, properties: Properties) -> Self {
+        self.message.properties = properties;
+        self
+    }
+    /// The exchange the message was published to (empty: default exchange).
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.message.exchange = exchange.into();
+        self
+    }
+    /// The routing key the message was published with.
+    pub fn routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.message.routing_key = routing_key.into();
+        self
+    }
+    /// The broker's delivery tag.
+    pub fn delivery_tag(mut self, tag: u64) -> Self {
+        self.delivery_tag = tag;
+        self
+    }
+    /// Whether the broker flagged the message as redelivered.
+    pub fn redelivered(mut self, redelivered: bool) -> Self {
+        self.redelivered = redelivered;
+        self
+    }
+    /// The cancellation token (default: a fresh one).
+    pub fn token(mut self, token: CancellationToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+    /// Builds the delivery, parsing the attempt from [`ATTEMPT_HEADER`].
+    pub fn build(self) -> Delivery {
+        let queue = self.queue.unwrap_or_else(|| Arc::from(""));
+        let attempt = match parse_attempt(self.message.headers.get(ATTEMPT_HEADER)) {
+            Ok(n) => n,
+            Err(why) => {
+                tracing::warn!(
+                    queue = %queue,
+                    delivery_tag = self.delivery_tag,
+                    "malformed {ATTEMPT_HEADER} header ({why}); treating the delivery as attempt 1"
+                );
+                1
+            }
+        };
+        Delivery {
+            message: Arc::new(self.message),
+            queue,
+            delivery_tag: self.delivery_tag,
+            redelivered: self.redelivered,
+            attempt,
+            token: self.token.unwrap_or_default(),
+            extensions: Extensions::new(),
+        }
+    }
+}
+
+/// Parses the attempt header: absent is attempt 1; anything but an integer in
+/// `1..=MAX_ATTEMPT` is an error describing what was wrong.
+pub fn parse_attempt(value: Option<&Value>) -> Result<u32, String> {
+    let Some(value) = value else { return Ok(1) };
+    match value.as_i64() {
+        Some(n) if n >= 1 && n <= i64::from(MAX_ATTEMPT) => Ok(n as u32),
+        Some(n) if n < 1 => Err(format!("{n} is not a positive attempt number")),
+        Some(n) => Err(format!("{n} is larger than {MAX_ATTEMPT}")),
+        None => Err(format!("expected an integer, found a {}", value.type_name())),
+    }
+}
+
+impl Delivery {
+    /// Starts building a delivery.
+    pub fn builder() -> DeliveryBuilder {
+        DeliveryBuilder::default()
+    }
+
+    /// The message body.
+    pub fn body(&self) -> &Bytes {
+        &self.message.body
+    }
+    /// The message headers, as received.
+    pub fn headers(&self) -> &Headers {
+        &self.message.headers
+    }
+    /// The message properties other than headers.
+    pub fn properties(&self) -> &Properties {
+        &self.message.properties
+    }
+    /// The queue the delivery came from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+    /// The queue name as a shared string (cheap to clone).
+    pub fn queue_arc(&self) -> &Arc<str> {
+        &self.queue
+    }
+    /// The exchange the message was published to (empty: the default exchange).
+    pub fn exchange(&self) -> &str {
+        &self.message.exchange
+    }
+    /// The routing key the message was published with.
+    pub fn routing_key(&self) -> &str {
+        &self.message.routing_key
+    }
+    /// The broker's delivery tag (unique per channel).
+    pub fn delivery_tag(&self) -> u64 {
+        self.delivery_tag
+    }
+    /// Whether the broker flagged this as a redelivery.
+    pub fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+    /// The attempt number: 1 for the first, from [`ATTEMPT_HEADER`] otherwise.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    /// Sets the attempt number (the retry layer does this between attempts).
+    pub fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt;
+    }
+    /// The handler's cancellation token: cancelled when the drain's deadline
+    /// has passed. A handler that listens ends early and its delivery is
+    /// handed back to the broker.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+    /// Replaces the cancellation token (the cancellation layer gives each
+    /// request a child token of the consumer's).
+    pub fn set_token(&mut self, token: CancellationToken) {
+        self.token = token;
+    }
+    /// User extensions.
+    pub fn extensions(&self) -> &Extensions {
+        &self.extensions
+    }
+    /// User extensions, mutable.
+    pub fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.extensions
+    }
+}

@@ -1,0 +1,84 @@
+//! Transport-agnostic tower layers for message handlers.
+//!
+//! A message taken from a queue is a [`Delivery`]; a handler is any
+//! `tower::Service<Delivery>`. The layers here track it, hold it, cancel it,
+//! retry it and dead-letter it, and turn the handler's result into one
+//! [`Decision`] that the transport (the `acemq` crate, for RabbitMQ) carries
+//! out exactly once. Nothing here depends on a broker client: every layer is
+//! tested and benchmarked in memory.
+//!
+//! | layer | what it does | state the drain reads |
+//! |---|---|---|
+//! | [`pause`] | holds requests before the handler; `close()` hands them back | held count |
+//! | [`in_flight`] | counts deliveries inside the handler, per queue | count, `wait_idle()` |
+//! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
+//! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
+//! | [`cancel`] | a child token per request; abandons after a grace period | running handlers |
+//!
+//! # Order
+//!
+//! Outermost first, the order the `acemq` runner uses:
+//!
+//! 1. [`PauseLayer`] — a held request has not started, so it must not count
+//!    as in flight, and `close()` can hand it back without touching anything
+//!    below.
+//! 2. [`InFlightLayer`] — everything below is work the drain waits for:
+//!    handler attempts, in-process backoffs, and the confirmed publishes of
+//!    retries and dead-letters.
+//! 3. [`DeadLetterLayer`] — turns a dead-letter decision from below into a
+//!    confirmed publish with the reason headers.
+//! 4. [`RetryLayer`] — calls the inner service again after an in-process
+//!    wait, or publishes to a rung; decides when attempts are exhausted.
+//! 5. [`CancelLayer`] — innermost, so each attempt gets its own child token,
+//!    a panic is caught where it happens, and abandonment drops exactly the
+//!    handler's future.
+//! 6. Your handler, with any of your own tower layers around it.
+//!
+//! ```
+//! use acemq_layers::{Delivery, Decision, InFlightLayer, InFlightCounter, PauseLayer, PauseHandle, CancelLayer};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let counter = InFlightCounter::new();
+//! let gate = PauseHandle::new();
+//! let root = CancellationToken::new();
+//! let svc = ServiceBuilder::new()
+//!     .layer(PauseLayer::new(gate.clone()))
+//!     .layer(InFlightLayer::new(counter.clone()))
+//!     .layer(CancelLayer::new(root.clone()))
+//!     .service_fn(|d: Delivery| async move {
+//!         assert_eq!(&d.body()[..], b"hello");
+//!         Ok::<_, std::io::Error>(())
+//!     });
+//! let delivery = Delivery::builder().queue("orders").body("hello").build();
+//! let decision = svc.oneshot(delivery).await.unwrap();
+//! assert_eq!(decision, Decision::Ack);
+//! assert_eq!(counter.total(), 0);
+//! # }
+//! ```
+
+// pub mod cancel;
+// pub mod dead_letter;
+mod decision;
+mod delivery;
+mod error;
+pub mod headers;
+// pub mod in_flight;
+// pub mod pause;
+mod publish;
+// pub mod retry;
+#[path = "retry/policy.rs"]
+mod policy_tmp;
+pub use policy_tmp::{rung_name, delay_label, RetryPolicy};
+
+// pub use cancel::{CancelLayer, Cancel};
+// pub use dead_letter::{DeadLetter, DeadLetterLayer};
+pub use decision::{DeadLetterDecision, Decision, Reason, RetryDecision, RetryVia};
+pub use delivery::{parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT};
+pub use error::{display_chain, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject};
+pub use headers::{Headers, Value};
+// pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+// pub use pause::{Pause, PauseHandle, PauseLayer};
+pub use publish::{Outgoing, Publish, PublishError};
+// pub use retry::{RetryLayer, Retry, RetryPolicy};

@@ -1,0 +1,60 @@
+//! The one thing the retry and dead-letter layers need from a transport:
+//! publish a copy of a delivery, with a confirm.
+
+use std::future::Future;
+
+use crate::delivery::Delivery;
+use crate::headers::Headers;
+
+/// A copy of a delivery to publish to `queue` (through the default exchange)
+/// with `mandatory` set, carrying the original body and properties and these
+/// headers (the original ones with the layer's additions).
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// The target queue.
+    pub queue: &'a str,
+    /// The delivery whose body and properties are copied.
+    pub delivery: &'a Delivery,
+    /// The headers the copy carries.
+    pub headers: Headers,
+}
+
+/// Why a publish did not deliver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The broker returned the message: no queue by that name (NO_ROUTE).
+    #[error("no queue named {queue:?}: the broker returned the message (NO_ROUTE)")]
+    Unroutable {
+        /// The queue the copy was addressed to.
+        queue: String,
+    },
+    /// The broker refused the message (a negative confirm).
+    #[error("the broker nacked the publish to {queue:?}")]
+    Nacked {
+        /// The queue the copy was addressed to.
+        queue: String,
+    },
+    /// The channel or connection is gone, or another transport failure.
+    #[error("publish to {queue:?} failed: {message}")]
+    Transport {
+        /// The queue the copy was addressed to.
+        queue: String,
+        /// What the transport said.
+        message: String,
+    },
+}
+
+/// Publishes copies of deliveries with mandatory + confirm. The `acemq`
+/// crate implements it over a confirm-mode lapin channel; tests use a
+/// recording fake.
+pub trait Publish: Clone + Send + Sync + 'static {
+    /// Publishes `message` and waits for the broker's confirm. An unroutable
+    /// message is [`PublishError::Unroutable`], never success.
+    fn publish(&self, message: Outgoing<'_>)
+        -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// Declares `queue` again from the topology (the dead-letter layer calls
+    /// this when its queue was deleted while running).
+    fn redeclare(&self, queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send;
+}

@@ -1,0 +1,130 @@
+//! The retry schedule and the names of its rung queues.
+
+use std::time::Duration;
+
+/// A retry schedule: attempt `n` that fails is followed by attempt `n + 1`
+/// after `min(initial_delay · 2^(n-1), max_delay)`. A delay at or above
+/// `broker_wait_threshold` is spent on a rung queue in the broker; a shorter
+/// one in this process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (≥ 1). 1 means no retry.
+    pub max_attempts: u32,
+    /// The delay after the first failure.
+    pub initial_delay: Duration,
+    /// The cap on any delay.
+    pub max_delay: Duration,
+    /// Delays at or above this wait on a rung queue in the broker.
+    pub broker_wait_threshold: Duration,
+    /// Randomise in-process delays by ±20 % (off by default; rung delays are
+    /// fixed by the rung queue's TTL).
+    pub jitter: bool,
+    /// Retry a handler that panicked like any transient failure (off by
+    /// default: a bug is not retried, it is dead-lettered with reason `panic`).
+    pub retry_panics: bool,
+}
+
+impl Default for RetryPolicy {
+    /// No retries: one attempt.
+    fn default() -> Self {
+        RetryPolicy::none()
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retry.
+    pub const fn none() -> Self {
+        RetryPolicy {
+            max_attempts: 1,
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(1),
+            broker_wait_threshold: Duration::from_secs(30),
+            jitter: false,
+            retry_panics: false,
+        }
+    }
+
+    /// The delay before attempt `failed_attempt + 1`:
+    /// `min(initial_delay · 2^(failed_attempt-1), max_delay)`.
+    pub fn delay_after(&self, failed_attempt: u32) -> Duration {
+        let exp = failed_attempt.saturating_sub(1).min(32);
+        let factor = 1u64 << exp;
+        let nanos = self.initial_delay.as_nanos().saturating_mul(u128::from(factor));
+        let capped = nanos.min(self.max_delay.as_nanos());
+        Duration::from_nanos(u64::try_from(capped).unwrap_or(u64::MAX))
+    }
+
+    /// Whether a delay waits on a rung in the broker.
+    pub fn is_broker_wait(&self, delay: Duration) -> bool {
+        delay >= self.broker_wait_threshold
+    }
+
+    /// The distinct delays of the schedule that wait in the broker, in
+    /// increasing order: one rung queue each.
+    pub fn rung_delays(&self) -> Vec<Duration> {
+        let mut out: Vec<Duration> = (1..self.max_attempts)
+            .map(|n| self.delay_after(n))
+            .filter(|d| self.is_broker_wait(*d))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The rung queue of `queue` for `delay`: `Q.retry.20s` for whole seconds,
+/// `Q.retry.400ms` otherwise (never `5m`).
+pub fn rung_name(queue: &str, delay: Duration) -> String {
+    format!("{queue}.retry.{}", delay_label(delay))
+}
+
+/// `20s` for whole seconds, `400ms` otherwise.
+pub fn delay_label(delay: Duration) -> String {
+    if delay.subsec_nanos() == 0 {
+        format!("{}s", delay.as_secs())
+    } else {
+        format!("{}ms", delay.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_doubles_and_caps() {
+        let p = RetryPolicy {
+            max_attempts: 6,
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(8),
+            broker_wait_threshold: Duration::from_secs(2),
+            ..RetryPolicy::none()
+        };
+        let d: Vec<u64> = (1..6).map(|n| p.delay_after(n).as_secs()).collect();
+        assert_eq!(d, [1, 2, 4, 8, 8]);
+        assert_eq!(
+            p.rung_delays(),
+            [2, 4, 8].map(Duration::from_secs).to_vec()
+        );
+    }
+
+    #[test]
+    fn shop_schedule_has_two_rungs() {
+        let p = RetryPolicy {
+            max_attempts: 4,
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(8),
+            broker_wait_threshold: Duration::from_secs(2),
+            ..RetryPolicy::none()
+        };
+        let names: Vec<String> = p.rung_delays().into_iter().map(|d| rung_name("shop.orders", d)).collect();
+        assert_eq!(names, ["shop.orders.retry.2s", "shop.orders.retry.4s"]);
+    }
+
+    #[test]
+    fn rung_names_use_seconds_or_milliseconds() {
+        assert_eq!(rung_name("q", Duration::from_secs(300)), "q.retry.300s");
+        assert_eq!(rung_name("q", Duration::from_millis(400)), "q.retry.400ms");
+        assert_eq!(rung_name("q", Duration::from_millis(1500)), "q.retry.1500ms");
+    }
+}
