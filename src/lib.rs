@@ -1,4 +1,27 @@
-//! acemq: a tower middleware stack for RabbitMQ message handlers.
-#![allow(missing_docs)]
+//! acemq: a tower middleware stack for RabbitMQ message handlers, on tokio
+//! and lapin.
+//!
+//! A delivery becomes a tower request ([`Delivery`]); the layers of
+//! [`acemq_layers`] track it, hold it, retry it (in process or on a rung
+//! queue in the broker), dead-letter it with a reason and cancel it
+//! cooperatively; a [`Drain`] stops everything in order within one deadline.
+//! [`App`] runs it all: connect, declare the topology, consume, wait for
+//! SIGTERM, drain, exit with a sysexits code.
 
+pub mod app;
 pub mod config;
+pub mod connection;
+mod consumer;
+pub mod convert;
+pub mod drain;
+pub mod health;
+pub mod publisher;
+pub mod topology;
+
+pub use acemq_layers as layers;
+pub use acemq_layers::{BoxError, Decision, Delivery, Headers, Reason, Reject, Value};
+pub use app::{App, Running, StartError};
+pub use config::Config;
+pub use drain::{Drain, DrainReport, DrainTimeout};
+pub use health::{Health, HealthSnapshot};
+pub use publisher::Publisher;

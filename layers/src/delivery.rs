@@ -162,7 +162,10 @@ pub fn parse_attempt(value: Option<&Value>) -> Result<u32, String> {
         Some(n) if n >= 1 && n <= i64::from(MAX_ATTEMPT) => Ok(n as u32),
         Some(n) if n < 1 => Err(format!("{n} is not a positive attempt number")),
         Some(n) => Err(format!("{n} is larger than {MAX_ATTEMPT}")),
-        None => Err(format!("expected an integer, found a {}", value.type_name())),
+        None => Err(format!(
+            "expected an integer, found a {}",
+            value.type_name()
+        )),
     }
 }
 

@@ -58,27 +58,28 @@
 //! # }
 //! ```
 
-// pub mod cancel;
-// pub mod dead_letter;
+pub mod cancel;
+pub mod dead_letter;
 mod decision;
 mod delivery;
 mod error;
 pub mod headers;
-// pub mod in_flight;
-// pub mod pause;
+pub mod in_flight;
+pub mod pause;
 mod publish;
-// pub mod retry;
-#[path = "retry/policy.rs"]
-mod policy_tmp;
-pub use policy_tmp::{rung_name, delay_label, RetryPolicy};
+pub mod retry;
 
-// pub use cancel::{CancelLayer, Cancel};
-// pub use dead_letter::{DeadLetter, DeadLetterLayer};
+pub use cancel::{Cancel, CancelLayer};
+pub use dead_letter::{DeadLetter, DeadLetterLayer};
 pub use decision::{DeadLetterDecision, Decision, Reason, RetryDecision, RetryVia};
-pub use delivery::{parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT};
-pub use error::{display_chain, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject};
+pub use delivery::{
+    parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT,
+};
+pub use error::{
+    display_chain, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
+};
 pub use headers::{Headers, Value};
-// pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
-// pub use pause::{Pause, PauseHandle, PauseLayer};
+pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
-// pub use retry::{RetryLayer, Retry, RetryPolicy};
+pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

@@ -51,8 +51,10 @@ pub enum PublishError {
 pub trait Publish: Clone + Send + Sync + 'static {
     /// Publishes `message` and waits for the broker's confirm. An unroutable
     /// message is [`PublishError::Unroutable`], never success.
-    fn publish(&self, message: Outgoing<'_>)
-        -> impl Future<Output = Result<(), PublishError>> + Send;
+    fn publish(
+        &self,
+        message: Outgoing<'_>,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send;
 
     /// Declares `queue` again from the topology (the dead-letter layer calls
     /// this when its queue was deleted while running).

@@ -49,7 +49,10 @@ impl RetryPolicy {
     pub fn delay_after(&self, failed_attempt: u32) -> Duration {
         let exp = failed_attempt.saturating_sub(1).min(32);
         let factor = 1u64 << exp;
-        let nanos = self.initial_delay.as_nanos().saturating_mul(u128::from(factor));
+        let nanos = self
+            .initial_delay
+            .as_nanos()
+            .saturating_mul(u128::from(factor));
         let capped = nanos.min(self.max_delay.as_nanos());
         Duration::from_nanos(u64::try_from(capped).unwrap_or(u64::MAX))
     }
@@ -102,10 +105,7 @@ mod tests {
         };
         let d: Vec<u64> = (1..6).map(|n| p.delay_after(n).as_secs()).collect();
         assert_eq!(d, [1, 2, 4, 8, 8]);
-        assert_eq!(
-            p.rung_delays(),
-            [2, 4, 8].map(Duration::from_secs).to_vec()
-        );
+        assert_eq!(p.rung_delays(), [2, 4, 8].map(Duration::from_secs).to_vec());
     }
 
     #[test]
@@ -117,7 +117,11 @@ mod tests {
             broker_wait_threshold: Duration::from_secs(2),
             ..RetryPolicy::none()
         };
-        let names: Vec<String> = p.rung_delays().into_iter().map(|d| rung_name("shop.orders", d)).collect();
+        let names: Vec<String> = p
+            .rung_delays()
+            .into_iter()
+            .map(|d| rung_name("shop.orders", d))
+            .collect();
         assert_eq!(names, ["shop.orders.retry.2s", "shop.orders.retry.4s"]);
     }
 
@@ -125,6 +129,9 @@ mod tests {
     fn rung_names_use_seconds_or_milliseconds() {
         assert_eq!(rung_name("q", Duration::from_secs(300)), "q.retry.300s");
         assert_eq!(rung_name("q", Duration::from_millis(400)), "q.retry.400ms");
-        assert_eq!(rung_name("q", Duration::from_millis(1500)), "q.retry.1500ms");
+        assert_eq!(
+            rung_name("q", Duration::from_millis(1500)),
+            "q.retry.1500ms"
+        );
     }
 }

@@ -1,0 +1,318 @@
+//! The shop: acemq's main example. A consumer of `shop.orders` whose demo
+//! batch walks every path — success, an in-process retry, a rung hop, a
+//! permanent rejection, a panic, an exhausted order — then consumes until
+//! SIGTERM or SIGINT and drains.
+//!
+//! Run with:
+//!
+//! ```text
+//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR]
+//! ```
+//!
+//! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! An order is a JSON body:
+//! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic"}`.
+//! Exit codes: 0 clean stop, 75 drain deadline expired, 78 bad config,
+//! 69 broker unreachable.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq::{App, Config, Delivery, Health, Reject};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use lapin::BasicProperties;
+use serde::Deserialize;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+const QUEUE: &str = "shop.orders";
+
+/// One order, as published to `shop.orders`.
+#[derive(Debug, Deserialize)]
+struct Order {
+    id: String,
+    #[serde(default)]
+    work_ms: u64,
+    #[serde(default)]
+    ignore_cancel: bool,
+    #[serde(default)]
+    fail_attempts: u32,
+    #[serde(default)]
+    fail: Option<Fail>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Fail {
+    Permanent,
+    Panic,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("order {id}: simulated failure on attempt {attempt} of the first {fail_attempts}")]
+struct Transient {
+    id: String,
+    attempt: u32,
+    fail_attempts: u32,
+}
+
+/// Counts for the status line.
+#[derive(Debug, Default)]
+struct Stats {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), acemq::BoxError> {
+    let attempt = delivery.attempt();
+    let order: Order = match serde_json::from_slice(delivery.body()) {
+        Ok(o) => o,
+        Err(e) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                delivery_tag = delivery.delivery_tag(),
+                attempt,
+                outcome = "rejected",
+                "not an order ({e}); dead-lettering"
+            );
+            return Err(Reject::new(format!("body is not an order: {e}")).into());
+        }
+    };
+    if order.work_ms > 0 {
+        let work = tokio::time::sleep(Duration::from_millis(order.work_ms));
+        if order.ignore_cancel {
+            work.await;
+        } else {
+            tokio::select! {
+                () = work => {}
+                () = delivery.token().cancelled() => {
+                    info!(order = %order.id, attempt, outcome = "cancelled", "work cancelled by the drain; handing the order back");
+                    return Err("cancelled by the drain".into());
+                }
+            }
+        }
+    }
+    match order.fail {
+        Some(Fail::Permanent) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            info!(order = %order.id, attempt, outcome = "rejected", "permanent failure");
+            return Err(Reject::new(format!("order {} cannot be fulfilled", order.id)).into());
+        }
+        Some(Fail::Panic) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            info!(order = %order.id, attempt, outcome = "panic", "about to panic");
+            panic!("order {} hit a bug", order.id);
+        }
+        None => {}
+    }
+    if attempt <= order.fail_attempts {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        info!(order = %order.id, attempt, outcome = "failed", "transient failure");
+        return Err(Transient {
+            id: order.id,
+            attempt,
+            fail_attempts: order.fail_attempts,
+        }
+        .into());
+    }
+    stats.ok.fetch_add(1, Ordering::Relaxed);
+    info!(order = %order.id, attempt, outcome = "handled", "order handled");
+    Ok(())
+}
+
+/// The demo batch: one order per path.
+fn demo_batch() -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = (1..=4)
+        .map(|i| {
+            (
+                format!("o-ok-{i}"),
+                format!(r#"{{"id":"o-ok-{i}","work_ms":{}}}"#, i * 100).into_bytes(),
+            )
+        })
+        .collect();
+    out.extend([
+        (
+            "o-retry-here".to_owned(),
+            br#"{"id":"o-retry-here","fail_attempts":1}"#.to_vec(),
+        ),
+        (
+            "o-rung-hop".to_owned(),
+            br#"{"id":"o-rung-hop","fail_attempts":2}"#.to_vec(),
+        ),
+        (
+            "o-permanent".to_owned(),
+            br#"{"id":"o-permanent","fail":"permanent"}"#.to_vec(),
+        ),
+        (
+            "o-panic".to_owned(),
+            br#"{"id":"o-panic","fail":"panic"}"#.to_vec(),
+        ),
+        (
+            "o-exhausted".to_owned(),
+            br#"{"id":"o-exhausted","fail_attempts":99}"#.to_vec(),
+        ),
+        ("not-json".to_owned(), b"this is not an order".to_vec()),
+    ]);
+    out
+}
+
+struct Args {
+    config: String,
+    seed: bool,
+    http: Option<SocketAddr>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        config: "examples/shop.yaml".to_owned(),
+        seed: true,
+        http: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--config" => args.config = it.next().ok_or("--config needs a file")?,
+            "--no-seed" => args.seed = false,
+            "--http" => {
+                let v = it
+                    .next()
+                    .ok_or("--http needs an address such as 127.0.0.1:8080")?;
+                args.http = Some(v.parse().map_err(|e| format!("--http {v}: {e}"))?);
+            }
+            "-h" | "--help" => {
+                println!("usage: shop [--config FILE] [--no-seed] [--http ADDR]");
+                std::process::exit(0);
+            }
+            other => {
+                return Err(format!(
+                "unknown argument {other:?}; usage: shop [--config FILE] [--no-seed] [--http ADDR]"
+            ))
+            }
+        }
+    }
+    Ok(args)
+}
+
+async fn readyz(health: Health) -> impl IntoResponse {
+    let snap = health.snapshot();
+    let code = if snap.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(snap))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    // A handler's panic is caught and dead-lettered by acemq; log it as one line.
+    std::panic::set_hook(Box::new(|info| tracing::error!("handler panicked: {info}")));
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("shop: {e}");
+            return ExitCode::from(acemq::app::EXIT_CONFIG);
+        }
+    };
+    let config = match Config::from_path(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shop: {e}");
+            return ExitCode::from(acemq::app::EXIT_CONFIG);
+        }
+    };
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .ok();
+
+    let stats = Arc::new(Stats::default());
+    let handler_stats = stats.clone();
+    let app = App::new(config).connection_name("acemq-shop").consume(
+        QUEUE,
+        tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
+    );
+    let health = app.health();
+    let running = match app.start().await {
+        Ok(r) => r,
+        Err(e) => return acemq::app::start_failed(&e),
+    };
+
+    if let Some(addr) = args.http {
+        let h = health.clone();
+        let router = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(move || readyz(h.clone())))
+            .route(
+                "/metrics",
+                get(move || {
+                    let body = prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
+                    async move { body }
+                }),
+            );
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                info!(%addr, "serving /healthz, /readyz and /metrics");
+                tokio::spawn(async move { axum::serve(listener, router).await });
+            }
+            Err(e) => {
+                warn!(%addr, error = %e, "could not bind the HTTP address; continuing without it")
+            }
+        }
+    }
+
+    if args.seed {
+        let publisher = running.publisher();
+        let batch = demo_batch();
+        let n = batch.len();
+        for (id, body) in batch {
+            let props = BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2);
+            if let Err(e) = publisher.publish("", QUEUE, &body, props).await {
+                warn!(order = %id, error = %e, "could not publish a demo order");
+            }
+        }
+        info!(orders = n, "published the demo batch");
+    }
+
+    let status_health = health.clone();
+    let status_stats = stats.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let snap = status_health.snapshot();
+            let (mut handled, mut retried, mut dead, mut in_flight, mut held) = (0, 0, 0, 0, 0);
+            for q in &snap.queues {
+                handled += q.handled;
+                retried += q.retried;
+                dead += q.dead_lettered;
+                in_flight += q.in_flight;
+                held += q.held;
+            }
+            info!(
+                "status: handled {handled} (ok {}, failed attempts {}), retried via rung {retried}, dead-lettered {dead}, in flight {in_flight}, held {held}, ready {}",
+                status_stats.ok.load(Ordering::Relaxed),
+                status_stats.failed.load(Ordering::Relaxed),
+                snap.ready
+            );
+        }
+    });
+
+    running.run().await
+}

@@ -1,0 +1,176 @@
+//! The response future of the cancellation layer.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use super::{BoxError, Decision};
+use crate::HandlerPanic;
+
+pin_project! {
+    /// Response future of [`Cancel`](super::Cancel): the handler's future,
+    /// its panics caught, abandoned if it runs on too long after
+    /// cancellation.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping it drops the handler's future, as abandonment does.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        handler: Handler<F>,
+        #[pin]
+        watch: Watch,
+        child: CancellationToken,
+        abandon_after: Duration,
+    }
+}
+
+pin_project! {
+    #[project = HandlerProj]
+    enum Handler<F> {
+        Running {
+            #[pin]
+            fut: F,
+        },
+        Panicked {
+            error: Option<HandlerPanic>,
+        },
+        Done,
+    }
+}
+
+pin_project! {
+    #[project = WatchProj]
+    enum Watch {
+        // No interest registered yet: the handler has not returned `Pending`.
+        Idle,
+        // Waiting for the delivery's token to be cancelled.
+        Token {
+            #[pin]
+            cancelled: WaitForCancellationFutureOwned,
+        },
+        // Cancelled: the grace period runs.
+        Grace {
+            #[pin]
+            sleep: Sleep,
+        },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(fut: F, child: CancellationToken, abandon_after: Duration) -> Self {
+        ResponseFuture {
+            handler: Handler::Running { fut },
+            watch: Watch::Idle,
+            child,
+            abandon_after,
+        }
+    }
+
+    pub(crate) fn panicked(
+        payload: &(dyn Any + Send),
+        child: CancellationToken,
+        abandon_after: Duration,
+    ) -> Self {
+        ResponseFuture {
+            handler: Handler::Panicked {
+                error: Some(HandlerPanic::from_payload(payload)),
+            },
+            watch: Watch::Idle,
+            child,
+            abandon_after,
+        }
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<R, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+
+        let polled = match this.handler.as_mut().project() {
+            HandlerProj::Running { fut } => panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))),
+            HandlerProj::Panicked { error } => {
+                let error = error
+                    .take()
+                    .unwrap_or_else(|| HandlerPanic::from_payload(&"panic already reported"));
+                this.handler.set(Handler::Done);
+                return Poll::Ready(Err(Box::new(error)));
+            }
+            HandlerProj::Done => panic!("cancel::ResponseFuture polled after completion"),
+        };
+        match polled {
+            Ok(Poll::Pending) => {}
+            Ok(Poll::Ready(result)) => {
+                this.handler.set(Handler::Done);
+                return Poll::Ready(match result {
+                    Ok(_) => Ok(Decision::Ack),
+                    // Stopped because it was told to: not a failure.
+                    Err(_) if this.child.is_cancelled() => Ok(Decision::HandBack),
+                    Err(e) => Err(e.into()),
+                });
+            }
+            Err(payload) => {
+                let error = HandlerPanic::from_payload(&*payload);
+                this.handler.set(Handler::Done);
+                return Poll::Ready(Err(Box::new(error)));
+            }
+        }
+
+        // The handler is still running: watch for cancellation, then for the
+        // end of the grace period.
+        loop {
+            match this.watch.as_mut().project() {
+                WatchProj::Idle => {
+                    let cancelled = this.child.clone().cancelled_owned();
+                    this.watch.set(Watch::Token { cancelled });
+                }
+                WatchProj::Token { cancelled } => {
+                    std::task::ready!(cancelled.poll(cx));
+                    let sleep = tokio::time::sleep(*this.abandon_after);
+                    this.watch.set(Watch::Grace { sleep });
+                }
+                WatchProj::Grace { sleep } => {
+                    std::task::ready!(sleep.poll(cx));
+                    this.handler.set(Handler::Done);
+                    return Poll::Ready(Ok(Decision::Abandoned));
+                }
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let handler = match &self.handler {
+            Handler::Running { .. } => "running",
+            Handler::Panicked { .. } => "panicked",
+            Handler::Done => "done",
+        };
+        let watch = match &self.watch {
+            Watch::Idle => "idle",
+            Watch::Token { .. } => "watching the token",
+            Watch::Grace { .. } => "grace period",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("handler", &handler)
+            .field("watch", &watch)
+            .field("cancelled", &self.child.is_cancelled())
+            .field("abandon_after", &self.abandon_after)
+            .finish()
+    }
+}

@@ -1,0 +1,74 @@
+//! A child cancellation token per request, a caught panic, and abandonment
+//! of a handler that ignores its token.
+//!
+//! [`CancelLayer`] is the innermost acemq layer, right around the handler.
+//! For each request it:
+//!
+//! 1. gives the delivery its own child of the root token
+//!    ([`Delivery::token`]): cancelling the root (the drain does, once its
+//!    deadline has passed) reaches every running handler; cancelling one
+//!    delivery's token reaches nothing else;
+//! 2. turns the handler's result into a [`Decision`]: `Ok(_)` is
+//!    [`Decision::Ack`]; an error is `Err` (boxed) for the retry and
+//!    dead-letter layers to judge — unless the delivery's token was
+//!    cancelled, in which case the handler stopped because it was told to,
+//!    which is no failure: [`Decision::HandBack`];
+//! 3. catches a panic in the handler (in `call` or in any poll of its
+//!    future) and returns it as an `Err` holding a
+//!    [`HandlerPanic`](crate::HandlerPanic), which the
+//!    [`DefaultClassifier`](crate::DefaultClassifier) classes as
+//!    [`Class::Panic`](crate::Class::Panic);
+//! 4. abandons a handler that is still running
+//!    [`abandon_after`](CancelLayer::abandon_after) (default
+//!    [`DEFAULT_ABANDON_AFTER`], 5 s) after its token was cancelled: the
+//!    handler's future is dropped and the request resolves to
+//!    [`Decision::Abandoned`].
+//!
+//! # Semantics
+//!
+//! - The layer registers interest in the token only once the handler's
+//!   future has returned `Pending`: a handler that finishes in its first poll
+//!   costs no waiter and no timer.
+//! - The grace period starts when the layer sees the cancellation (it is
+//!   woken by it at once), and is measured on tokio's clock.
+//! - A handler that listens to its token (`token().cancelled()` in a
+//!   `select!`) and returns early ends with `HandBack` (on an error) or `Ack`
+//!   (on `Ok`): both settle the delivery as the handler meant.
+//!
+//! # Order
+//!
+//! Innermost: each attempt of the retry layer gets its own child token, a
+//! panic is caught where it happens, and abandonment drops exactly the
+//! handler's future.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use acemq_layers::{CancelLayer, Decision, Delivery};
+//! use tokio_util::sync::CancellationToken;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let root = CancellationToken::new();
+//! let svc = ServiceBuilder::new()
+//!     .layer(CancelLayer::new(root.clone()).abandon_after(Duration::from_secs(1)))
+//!     .service_fn(|d: Delivery| async move {
+//!         // A handler that listens: it stops when told to.
+//!         d.token().cancelled().await;
+//!         Err::<(), _>(std::io::Error::other("stopped"))
+//!     });
+//! root.cancel();
+//! let decision = svc.oneshot(Delivery::builder().build()).await.unwrap();
+//! assert_eq!(decision, Decision::HandBack);
+//! # }
+//! ```
+
+pub mod future;
+mod layer;
+mod service;
+
+pub use layer::{CancelLayer, DEFAULT_ABANDON_AFTER};
+pub use service::Cancel;
+
+use crate::{BoxError, Decision, Delivery};

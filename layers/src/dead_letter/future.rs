@@ -1,0 +1,216 @@
+//! The response future of [`DeadLetter`](super::DeadLetter).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use pin_project_lite::pin_project;
+
+use super::service::Config;
+use super::{
+    ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER, ERROR_HEADER, MAX_ERROR_LEN, QUEUE_HEADER,
+    REASON_HEADER,
+};
+use crate::decision::{DeadLetterDecision, Decision, Reason};
+use crate::delivery::Delivery;
+use crate::error::{display_chain, BoxError, Class, Classify};
+use crate::headers::{Headers, Value};
+use crate::publish::{Outgoing, Publish, PublishError};
+
+pin_project! {
+    /// Response future of [`DeadLetter`](super::DeadLetter).
+    ///
+    /// The inner future, unboxed, until it yields something to dead-letter;
+    /// only then a boxed future that publishes it.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct ResponseFuture<F, P, C> {
+        #[pin]
+        state: State<F>,
+        // `None` when the layer is disabled (or once used).
+        pending: Option<(Delivery, Arc<Config<P, C>>)>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Inner {
+            #[pin]
+            future: F,
+        },
+        Publishing {
+            future: BoxFuture<'static, Decision>,
+        },
+    }
+}
+
+impl<F, P, C> ResponseFuture<F, P, C> {
+    pub(crate) fn new(future: F, pending: Option<(Delivery, Arc<Config<P, C>>)>) -> Self {
+        ResponseFuture {
+            state: State::Inner { future },
+            pending,
+        }
+    }
+}
+
+impl<F, P, C> Future for ResponseFuture<F, P, C>
+where
+    F: Future<Output = Result<Decision, BoxError>>,
+    P: Publish,
+    C: Classify,
+{
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Inner { future } => {
+                    let result = ready!(future.poll(cx));
+                    let Some((delivery, config)) = this.pending.take() else {
+                        return Poll::Ready(result);
+                    };
+                    let decision = match result {
+                        Ok(Decision::DeadLetter(d)) if !d.published => d,
+                        Err(error) => {
+                            let reason = match config.classifier.classify(&*error) {
+                                Class::Panic => Reason::Panic,
+                                Class::Permanent => Reason::Rejected,
+                                Class::Transient => Reason::MaxAttempts,
+                            };
+                            DeadLetterDecision {
+                                reason,
+                                error: display_chain(&*error, MAX_ERROR_LEN),
+                                attempts: delivery.attempt(),
+                                published: false,
+                            }
+                        }
+                        other => return Poll::Ready(other),
+                    };
+                    let future = Box::pin(publish(delivery, config, decision));
+                    this.state.set(State::Publishing { future });
+                }
+                StateProj::Publishing { future } => {
+                    return Poll::Ready(Ok(ready!(future.as_mut().poll(cx))));
+                }
+            }
+        }
+    }
+}
+
+impl<F, P, C> fmt::Debug for ResponseFuture<F, P, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Inner { .. } => "inner",
+            State::Publishing { .. } => "publishing",
+        };
+        let mut d = f.debug_struct("ResponseFuture");
+        d.field("state", &state);
+        if let Some((delivery, _)) = &self.pending {
+            d.field("queue", &delivery.queue());
+        }
+        d.finish()
+    }
+}
+
+/// Publishes the copy with the reason headers; redeclares the dead-letter
+/// queue once if it is missing.
+async fn publish<P: Publish, C>(
+    delivery: Delivery,
+    config: Arc<Config<P, C>>,
+    mut decision: DeadLetterDecision,
+) -> Decision {
+    truncate(&mut decision.error, MAX_ERROR_LEN);
+    let dlq = format!("{}.dlq", delivery.queue());
+    let headers = headers(&delivery, &decision);
+    let publisher = &config.publisher;
+    let first = publisher
+        .publish(Outgoing {
+            queue: &dlq,
+            delivery: &delivery,
+            headers: headers.clone(),
+        })
+        .await;
+    let result = match first {
+        Err(PublishError::Unroutable { .. }) => {
+            tracing::warn!(
+                queue = %delivery.queue(),
+                dlq = %dlq,
+                "dead-letter queue {dlq:?} is missing; declaring it again"
+            );
+            if let Err(e) = publisher.redeclare(&dlq).await {
+                tracing::warn!(queue = %delivery.queue(), dlq = %dlq, "could not declare {dlq:?} again: {e}");
+            }
+            publisher
+                .publish(Outgoing {
+                    queue: &dlq,
+                    delivery: &delivery,
+                    headers,
+                })
+                .await
+        }
+        other => other,
+    };
+    match result {
+        Ok(()) => {
+            decision.published = true;
+            metrics::counter!(
+                "acemq.dead_lettered",
+                "queue" => delivery.queue_arc().clone(),
+                "reason" => decision.reason.as_str()
+            )
+            .increment(1);
+            tracing::info!(
+                queue = %delivery.queue(),
+                dlq = %dlq,
+                reason = %decision.reason,
+                attempts = decision.attempts,
+                "delivery dead-lettered: {}",
+                decision.error
+            );
+        }
+        Err(e) => {
+            tracing::error!(
+                queue = %delivery.queue(),
+                dlq = %dlq,
+                reason = %decision.reason,
+                attempts = decision.attempts,
+                "could not publish to the dead-letter queue ({e}); rejecting the delivery, so the \
+                 queue's own dead-letter exchange takes it and the reason ({}) is lost: {}",
+                decision.reason,
+                decision.error
+            );
+        }
+    }
+    Decision::DeadLetter(decision)
+}
+
+/// The original headers plus the five dead-letter headers.
+fn headers(delivery: &Delivery, decision: &DeadLetterDecision) -> Headers {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let mut headers = delivery.headers().clone();
+    headers.insert(REASON_HEADER, decision.reason.as_str());
+    headers.insert(ERROR_HEADER, decision.error.as_str());
+    headers.insert(ATTEMPTS_HEADER, Value::I64(decision.attempts.into()));
+    headers.insert(QUEUE_HEADER, delivery.queue());
+    headers.insert(DEAD_LETTERED_AT_HEADER, Value::I64(now_ms));
+    headers
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, ending in `…`.
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max.saturating_sub('…'.len_utf8());
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+}

@@ -1,0 +1,172 @@
+//! The shared counter: a total, per-queue slots and the idle signal.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Notify;
+
+use super::future::WaitIdle;
+
+/// Counts the deliveries in flight, in total and per queue.
+///
+/// Cloning is cheap and every clone shares the same counts: give one to the
+/// [`InFlightLayer`](super::InFlightLayer) and keep one for the drain.
+#[derive(Clone)]
+pub struct InFlightCounter {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) total: AtomicUsize,
+    pub(crate) idle: Arc<Notify>,
+    queues: Mutex<Vec<Arc<Slot>>>,
+}
+
+/// The count of one queue.
+pub(crate) struct Slot {
+    pub(crate) queue: Arc<str>,
+    count: AtomicUsize,
+}
+
+impl Slot {
+    /// Whether this slot counts `queue` (pointer first, then the text).
+    pub(crate) fn is_for(&self, queue: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.queue, queue) || *self.queue == **queue
+    }
+}
+
+impl InFlightCounter {
+    /// A counter at zero, with no queue seen yet.
+    pub fn new() -> Self {
+        InFlightCounter {
+            shared: Arc::new(Shared {
+                total: AtomicUsize::new(0),
+                idle: Arc::new(Notify::new()),
+                queues: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// How many deliveries are in flight, all queues together.
+    pub fn total(&self) -> usize {
+        self.shared.total.load(Ordering::Acquire)
+    }
+
+    /// How many deliveries from `queue` are in flight (0 for a queue never seen).
+    pub fn get(&self, queue: &str) -> usize {
+        self.lock()
+            .iter()
+            .find(|slot| &*slot.queue == queue)
+            .map_or(0, |slot| slot.count.load(Ordering::Acquire))
+    }
+
+    /// The count of every queue seen so far, including those at 0.
+    ///
+    /// Each count is read on its own: while deliveries start and finish, the
+    /// sum may differ from [`total`](Self::total) read a moment apart.
+    pub fn snapshot(&self) -> BTreeMap<String, usize> {
+        self.lock()
+            .iter()
+            .map(|slot| (slot.queue.to_string(), slot.count.load(Ordering::Acquire)))
+            .collect()
+    }
+
+    /// The names of every queue seen so far, in name order.
+    pub fn queues(&self) -> Vec<String> {
+        self.snapshot().into_keys().collect()
+    }
+
+    /// A future that resolves when nothing is in flight.
+    ///
+    /// It resolves at once if the total is 0 when first polled; otherwise it
+    /// resolves when the delivery that brings the total to 0 ends. Nothing
+    /// polls: the last guard to drop wakes every waiter.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: dropping the future unregisters it and loses nothing;
+    /// call `wait_idle` again to wait again.
+    pub fn wait_idle(&self) -> WaitIdle {
+        WaitIdle::new(self.shared.clone())
+    }
+
+    /// The slot of `queue`, created on first sight.
+    pub(crate) fn slot(&self, queue: &Arc<str>) -> Arc<Slot> {
+        let mut queues = self.lock();
+        if let Some(slot) = queues.iter().find(|slot| slot.is_for(queue)) {
+            return slot.clone();
+        }
+        let slot = Arc::new(Slot {
+            queue: queue.clone(),
+            count: AtomicUsize::new(0),
+        });
+        queues.push(slot.clone());
+        slot
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
+        // The registry is only pushed to; a panic elsewhere cannot leave it
+        // inconsistent, so a poisoned lock is still good.
+        self.shared
+            .queues
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for InFlightCounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for InFlightCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightCounter")
+            .field("total", &self.total())
+            .field("queues", &self.snapshot())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot")
+            .field("queue", &self.queue)
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// One delivery in flight: counted on creation, uncounted on drop.
+pub(crate) struct Guard {
+    shared: Arc<Shared>,
+    slot: Arc<Slot>,
+}
+
+impl Guard {
+    pub(crate) fn new(shared: Arc<Shared>, slot: Arc<Slot>) -> Self {
+        slot.count.fetch_add(1, Ordering::AcqRel);
+        shared.total.fetch_add(1, Ordering::AcqRel);
+        Guard { shared, slot }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.slot.count.fetch_sub(1, Ordering::AcqRel);
+        if self.shared.total.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.idle.notify_waiters();
+        }
+    }
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("queue", &self.slot.queue)
+            .finish()
+    }
+}

@@ -1,0 +1,101 @@
+//! The futures of the in-flight layer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
+
+use super::counter::{Guard, Shared};
+
+pin_project! {
+    /// Response future of [`InFlight`](super::InFlight): the inner future,
+    /// counted as in flight until it completes or is dropped.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        guard: Option<Guard>,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(inner: F, guard: Guard) -> Self {
+        ResponseFuture {
+            inner,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<F: Future> Future for ResponseFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let output = std::task::ready!(this.inner.poll(cx));
+        // Uncount as soon as the result exists, not when the caller gets
+        // round to dropping the future.
+        this.guard.take();
+        Poll::Ready(output)
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("in_flight", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// Resolves when nothing is in flight; returned by
+    /// [`InFlightCounter::wait_idle`](super::InFlightCounter::wait_idle).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: dropping it unregisters the waiter and loses nothing.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct WaitIdle {
+        shared: Arc<Shared>,
+        #[pin]
+        notified: OwnedNotified,
+    }
+}
+
+impl WaitIdle {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let notified = shared.idle.clone().notified_owned();
+        WaitIdle { shared, notified }
+    }
+}
+
+impl Future for WaitIdle {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        // Register before reading the count: a guard that brings the count
+        // to 0 after the read then wakes this waiter.
+        this.notified.as_mut().enable();
+        if this.shared.total.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(());
+        }
+        // Woken only by the guard that brought the total to 0: resolve,
+        // even if another delivery has started since.
+        this.notified.poll(cx)
+    }
+}
+
+impl fmt::Debug for WaitIdle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitIdle")
+            .field("total", &self.shared.total.load(Ordering::Relaxed))
+            .finish()
+    }
+}

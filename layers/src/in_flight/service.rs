@@ -1,0 +1,95 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::Service;
+
+use super::counter::{Guard, Slot};
+use super::future::ResponseFuture;
+use super::{Delivery, InFlightCounter, InFlightLayer};
+
+/// Counts the requests inside `S` in an [`InFlightCounter`]; see the
+/// [module docs](super).
+///
+/// # Clone
+///
+/// A clone shares the counter and is ready exactly when a clone of the
+/// inner service is.
+#[derive(Clone)]
+pub struct InFlight<S> {
+    inner: S,
+    counter: InFlightCounter,
+    /// The slot of the last queue seen, so the hot path needs no lock.
+    last: Option<Arc<Slot>>,
+}
+
+impl<S> InFlight<S> {
+    /// Wraps `inner`, counting into `counter`.
+    pub fn new(inner: S, counter: InFlightCounter) -> Self {
+        InFlight {
+            inner,
+            counter,
+            last: None,
+        }
+    }
+
+    /// A layer that wraps services with an [`InFlight`] counting into `counter`.
+    pub const fn layer(counter: InFlightCounter) -> InFlightLayer {
+        InFlightLayer::new(counter)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutable.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn slot(&mut self, queue: &Arc<str>) -> Arc<Slot> {
+        match &self.last {
+            Some(slot) if slot.is_for(queue) => slot.clone(),
+            _ => {
+                let slot = self.counter.slot(queue);
+                self.last = Some(slot.clone());
+                slot
+            }
+        }
+    }
+}
+
+impl<S> Service<Delivery> for InFlight<S>
+where
+    S: Service<Delivery>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Delivery) -> Self::Future {
+        let slot = self.slot(req.queue_arc());
+        // Counted before the inner `call` runs: a panic in it uncounts.
+        let guard = Guard::new(self.counter.shared.clone(), slot);
+        ResponseFuture::new(self.inner.call(req), guard)
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for InFlight<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight")
+            .field("inner", &self.inner)
+            .field("counter", &self.counter)
+            .finish()
+    }
+}

@@ -1,0 +1,146 @@
+//! The response future of the pause gate.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
+use tower::Service;
+
+use super::handle::{HeldGuard, State as Gate};
+use super::{Decision, Delivery};
+
+pin_project! {
+    /// Response future of [`Pause`](super::Pause): calls the inner service
+    /// at once on an open gate, waits in the gate while it is paused, and
+    /// hands the delivery back on a closed one.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping a held future drops its delivery without calling the inner
+    /// service and uncounts it from [`held`](super::PauseHandle::held);
+    /// dropping it after the call drops the inner future.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct ResponseFuture<S, F> {
+        #[pin]
+        state: State<S, F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateReplace]
+    enum State<S, F> {
+        Calling {
+            #[pin]
+            fut: F,
+        },
+        Held {
+            svc: S,
+            req: Delivery,
+            #[pin]
+            notified: OwnedNotified,
+            guard: HeldGuard,
+        },
+        HandBack,
+        Done,
+    }
+}
+
+impl<S, F> ResponseFuture<S, F> {
+    pub(crate) fn calling(fut: F) -> Self {
+        ResponseFuture {
+            state: State::Calling { fut },
+        }
+    }
+
+    pub(crate) fn handed_back() -> Self {
+        ResponseFuture {
+            state: State::HandBack,
+        }
+    }
+
+    pub(crate) fn held(svc: S, req: Delivery, notified: OwnedNotified, guard: HeldGuard) -> Self {
+        ResponseFuture {
+            state: State::Held {
+                svc,
+                req,
+                notified,
+                guard,
+            },
+        }
+    }
+}
+
+impl<S, F, E> Future for ResponseFuture<S, F>
+where
+    S: Service<Delivery, Response = Decision, Error = E, Future = F>,
+    F: Future<Output = Result<Decision, E>>,
+{
+    type Output = Result<Decision, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Calling { fut } => {
+                    let output = std::task::ready!(fut.poll(cx));
+                    state.set(State::Done);
+                    return Poll::Ready(output);
+                }
+                StateProj::HandBack => {
+                    state.set(State::Done);
+                    return Poll::Ready(Ok(Decision::HandBack));
+                }
+                StateProj::Held {
+                    mut notified,
+                    guard,
+                    ..
+                } => {
+                    // Register before reading the state, so a resume or
+                    // close after the read wakes this task.
+                    notified.as_mut().enable();
+                    match guard.shared().state() {
+                        Gate::Paused => {
+                            if notified.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            // Woken: wait again on a fresh registration and
+                            // read the state once more.
+                            let again = guard.shared().notify.clone().notified_owned();
+                            notified.set(again);
+                        }
+                        Gate::Closed => {
+                            state.set(State::Done);
+                            return Poll::Ready(Ok(Decision::HandBack));
+                        }
+                        Gate::Open => {
+                            if let StateReplace::Held { mut svc, req, .. } =
+                                state.as_mut().project_replace(State::Done)
+                            {
+                                state.set(State::Calling { fut: svc.call(req) });
+                            }
+                        }
+                    }
+                }
+                StateProj::Done => panic!("pause::ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+impl<S, F> fmt::Debug for ResponseFuture<S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Calling { .. } => "calling",
+            State::Held { .. } => "held",
+            State::HandBack => "handing back",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

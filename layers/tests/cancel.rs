@@ -1,0 +1,255 @@
+//! The cancellation layer: child tokens, hand-back on a cancelled handler,
+//! abandonment after the grace period, caught panics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_layers::cancel::DEFAULT_ABANDON_AFTER;
+use acemq_layers::{
+    BoxError, Cancel, CancelLayer, Class, Classify, Decision, DefaultClassifier, Delivery,
+    HandlerPanic,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+fn delivery() -> Delivery {
+    Delivery::builder().queue("orders").build()
+}
+
+/// A handler that waits for its token, then stops with an error.
+async fn listening(d: Delivery) -> Result<(), std::io::Error> {
+    d.token().cancelled().await;
+    Err(std::io::Error::other("stopped"))
+}
+
+/// Sets its flag when dropped: shows a handler's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_succeeds_is_acked() {
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(CancellationToken::new()))
+        .service_fn(|_d: Delivery| async { Ok::<_, std::io::Error>("any response") });
+    assert_eq!(svc.oneshot(delivery()).await.unwrap(), Decision::Ack);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_error_without_cancellation_is_an_error() {
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(CancellationToken::new()))
+        .service_fn(|_d: Delivery| async { Err::<(), _>(std::io::Error::other("db down")) });
+    let err = svc.oneshot(delivery()).await.unwrap_err();
+    assert_eq!(err.to_string(), "db down");
+    assert_eq!(DefaultClassifier.classify(&*err), Class::Transient);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_delivery_gets_a_child_of_the_root_token() {
+    let root = CancellationToken::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut svc = Cancel::new(
+        tower::service_fn(move |d: Delivery| {
+            tx.send(d.token().clone()).unwrap();
+            async { Ok::<_, std::io::Error>(()) }
+        }),
+        root.clone(),
+    );
+    let given = CancellationToken::new();
+    let d = Delivery::builder().token(given.clone()).build();
+    svc.ready().await.unwrap().call(d).await.unwrap();
+    svc.ready().await.unwrap().call(delivery()).await.unwrap();
+    let (first, second) = (rx.recv().unwrap(), rx.recv().unwrap());
+
+    // Cancelling a child reaches nothing above it nor beside it.
+    first.cancel();
+    assert!(!root.is_cancelled());
+    assert!(!second.is_cancelled());
+    assert!(!given.is_cancelled(), "the builder's token was replaced");
+    // Cancelling the root reaches every child.
+    root.cancel();
+    assert!(second.is_cancelled());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cancelling_the_root_reaches_every_running_handler() {
+    let root = CancellationToken::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(listening);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        tasks.push(tokio::spawn(svc.ready().await.unwrap().call(delivery())));
+    }
+    tokio::task::yield_now().await;
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+
+    let start = Instant::now();
+    root.cancel();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), Decision::HandBack);
+    }
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "listening handlers end at once"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cancelling_one_deliverys_token_leaves_the_others_running() {
+    let root = CancellationToken::new();
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let seen = tokens.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(move |d: Delivery| {
+            seen.lock().unwrap().push(d.token().clone());
+            listening(d)
+        });
+    let first = tokio::spawn(svc.ready().await.unwrap().call(delivery()));
+    let second = tokio::spawn(svc.ready().await.unwrap().call(delivery()));
+    tokio::task::yield_now().await;
+
+    let first_token = tokens.lock().unwrap()[0].clone();
+    first_token.cancel();
+    assert_eq!(first.await.unwrap().unwrap(), Decision::HandBack);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!second.is_finished(), "the other handler runs on");
+    assert!(!root.is_cancelled());
+    assert!(!tokens.lock().unwrap()[1].is_cancelled());
+
+    root.cancel();
+    assert_eq!(second.await.unwrap().unwrap(), Decision::HandBack);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_ignores_its_token_is_abandoned_at_abandon_after_and_not_before() {
+    let root = CancellationToken::new();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()).abandon_after(Duration::from_secs(2)))
+        .service_fn(move |_d: Delivery| {
+            let flag = DropFlag(flag.clone());
+            async move {
+                let _flag = flag;
+                // Ignores its token.
+                std::future::pending::<Result<(), std::io::Error>>().await
+            }
+        });
+    let mut fut = std::pin::pin!(svc.ready().await.unwrap().call(delivery()));
+    assert!(futures::poll!(fut.as_mut()).is_pending());
+
+    // Without cancellation, no grace period runs.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(futures::poll!(fut.as_mut()).is_pending());
+
+    root.cancel();
+    assert!(futures::poll!(fut.as_mut()).is_pending());
+    tokio::time::advance(Duration::from_millis(1999)).await;
+    assert!(futures::poll!(fut.as_mut()).is_pending(), "abandoned early");
+    assert!(!dropped.load(Ordering::SeqCst));
+
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let decision = futures::poll!(fut.as_mut());
+    assert!(matches!(
+        decision,
+        std::task::Poll::Ready(Ok(Decision::Abandoned))
+    ));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler's future is dropped"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn abandonment_waits_the_default_five_seconds() {
+    assert_eq!(DEFAULT_ABANDON_AFTER, Duration::from_secs(5));
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(|_d: Delivery| std::future::pending::<Result<(), std::io::Error>>());
+    let task = tokio::spawn(svc.oneshot(delivery()));
+    tokio::task::yield_now().await;
+
+    let start = Instant::now();
+    root.cancel();
+    assert_eq!(task.await.unwrap().unwrap(), Decision::Abandoned);
+    assert_eq!(start.elapsed(), DEFAULT_ABANDON_AFTER);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_listens_ends_early_with_hand_back() {
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(|d: Delivery| async move {
+            tokio::select! {
+                _ = d.token().cancelled() => Err(std::io::Error::other("cancelled")),
+                _ = tokio::time::sleep(Duration::from_secs(60)) => Ok(()),
+            }
+        });
+    let task = tokio::spawn(svc.oneshot(delivery()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let start = Instant::now();
+    root.cancel();
+    assert_eq!(task.await.unwrap().unwrap(), Decision::HandBack);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_finishes_its_work_after_cancellation_is_still_acked() {
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(|_d: Delivery| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, std::io::Error>(())
+        });
+    let task = tokio::spawn(svc.oneshot(delivery()));
+    tokio::task::yield_now().await;
+    root.cancel();
+    assert_eq!(task.await.unwrap().unwrap(), Decision::Ack);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panic_in_the_handler_future_is_an_error_classified_as_panic() {
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(CancellationToken::new()))
+        .service_fn(|_d: Delivery| async {
+            tokio::task::yield_now().await;
+            panic!("boom in the handler");
+            #[allow(unreachable_code)]
+            Ok::<(), std::io::Error>(())
+        });
+    let err: BoxError = svc.oneshot(delivery()).await.unwrap_err();
+    assert_eq!(DefaultClassifier.classify(&*err), Class::Panic);
+    let panic = err.downcast_ref::<HandlerPanic>().unwrap();
+    assert_eq!(panic.message(), "boom in the handler");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_panic_in_the_handlers_call_is_an_error_classified_as_panic() {
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(CancellationToken::new()))
+        .service_fn(|d: Delivery| {
+            if d.queue() == "orders" {
+                panic!("boom before the future: {}", d.queue());
+            }
+            async { Ok::<(), std::io::Error>(()) }
+        });
+    let err = svc.oneshot(delivery()).await.unwrap_err();
+    assert_eq!(DefaultClassifier.classify(&*err), Class::Panic);
+    assert_eq!(
+        err.to_string(),
+        "handler panicked: boom before the future: orders"
+    );
+}

@@ -1,0 +1,302 @@
+//! The consumer loop: one per queue, on its own channel.
+//!
+//! Handlers and settles run in one task, each in a `FuturesUnordered`: a
+//! handler's concurrency slot is released when the handler returns, before
+//! its settle is awaited, and the stream is never serialised behind settles.
+
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use acemq_layers::{BoxError, Decision, Delivery};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::Acker;
+use lapin::{Channel, Consumer};
+use metrics::Counter;
+use tokio_util::sync::CancellationToken;
+use tower::Service;
+use tracing::{debug, error, warn, Instrument};
+
+use crate::config::PrefetchPolicy;
+use crate::convert::delivery_from_lapin;
+
+/// Per-queue counters shared by the loop, the drain and the health handle.
+#[derive(Debug, Default)]
+pub(crate) struct QueueStats {
+    /// Deliveries taken from the stream after intake stopped and handed back
+    /// without being handled (policy `hand_back`), plus those the pause gate
+    /// handed back.
+    pub(crate) handed_back: AtomicUsize,
+    /// Deliveries taken from the stream after intake stopped (either policy).
+    pub(crate) buffered_after_cancel: AtomicUsize,
+    /// Handlers that finished after the drain began.
+    pub(crate) finished_during_drain: AtomicUsize,
+    /// Handlers finished in all.
+    pub(crate) handled: AtomicUsize,
+    /// Deliveries retried (in the broker).
+    pub(crate) retried: AtomicUsize,
+    /// Deliveries dead-lettered.
+    pub(crate) dead_lettered: AtomicUsize,
+    /// Handlers abandoned after ignoring cancellation.
+    pub(crate) abandoned: AtomicUsize,
+    /// Whether the broker cancelled this consumer (queue deleted).
+    pub(crate) cancelled_by_broker: AtomicBool,
+}
+
+/// Pre-registered counter handles, so the hot path builds no metric keys.
+struct Outcomes {
+    ack: Counter,
+    retry: Counter,
+    dead_lettered: Counter,
+    rejected: Counter,
+    handed_back: Counter,
+    abandoned: Counter,
+}
+
+impl Outcomes {
+    fn new(queue: &str) -> Self {
+        let c = |outcome: &'static str| metrics::counter!("acemq.deliveries", "queue" => queue.to_owned(), "outcome" => outcome);
+        Outcomes {
+            ack: c("ack"),
+            retry: c("retry"),
+            dead_lettered: c("dead-lettered"),
+            rejected: c("rejected-to-dlx"),
+            handed_back: c("handed-back"),
+            abandoned: c("abandoned"),
+        }
+    }
+}
+
+pub(crate) struct ConsumerLoop<S> {
+    pub(crate) queue: Arc<str>,
+    pub(crate) channel: Channel,
+    pub(crate) consumer: Consumer,
+    pub(crate) service: S,
+    pub(crate) concurrency: usize,
+    pub(crate) policy: PrefetchPolicy,
+    pub(crate) dead_letter: bool,
+    /// Cancelled when the drain stops intake.
+    pub(crate) intake: CancellationToken,
+    pub(crate) stats: Arc<QueueStats>,
+}
+
+#[allow(clippy::large_enum_variant)] // transient, on the stack, never stored
+enum Event {
+    Handled((Decision, Acker)),
+    Settled,
+    IntakeStopped,
+    Ready(Result<(), BoxError>),
+    Next(Option<lapin::Result<lapin::message::Delivery>>),
+}
+
+impl<S> ConsumerLoop<S>
+where
+    S: Service<Delivery, Response = Decision, Error = BoxError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    pub(crate) async fn run(self) {
+        let ConsumerLoop {
+            queue,
+            channel,
+            mut consumer,
+            mut service,
+            concurrency,
+            policy,
+            dead_letter,
+            intake,
+            stats,
+        } = self;
+        let outcomes = Outcomes::new(&queue);
+        let mut handlers = FuturesUnordered::new();
+        let mut settles = FuturesUnordered::new();
+        let mut draining = false;
+        let mut stream_done = false;
+        let mut ready = false;
+
+        loop {
+            let want = !stream_done
+                && (handlers.len() < concurrency
+                    || (draining && policy == PrefetchPolicy::HandBack));
+            let hand_back_now = draining && policy == PrefetchPolicy::HandBack;
+            let event = tokio::select! {
+                biased;
+                Some(handled) = handlers.next(), if !handlers.is_empty() => Event::Handled(handled),
+                Some(()) = settles.next(), if !settles.is_empty() => Event::Settled,
+                () = intake.cancelled(), if !draining && !stream_done => Event::IntakeStopped,
+                r = poll_fn(|cx| service.poll_ready(cx)), if want && !ready && !hand_back_now => Event::Ready(r),
+                next = consumer.next(), if want && (ready || hand_back_now) => Event::Next(next),
+                else => break,
+            };
+            match event {
+                Event::Handled((decision, acker)) => {
+                    stats.handled.fetch_add(1, Ordering::Relaxed);
+                    if draining {
+                        stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
+                    }
+                    match &decision {
+                        Decision::Ack => outcomes.ack.increment(1),
+                        Decision::Retry(_) => {
+                            stats.retried.fetch_add(1, Ordering::Relaxed);
+                            outcomes.retry.increment(1)
+                        }
+                        Decision::DeadLetter(d) => {
+                            stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                            if d.published {
+                                outcomes.dead_lettered.increment(1)
+                            } else {
+                                outcomes.rejected.increment(1)
+                            }
+                        }
+                        Decision::Abandoned => {
+                            stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                            outcomes.abandoned.increment(1)
+                        }
+                        _ => {
+                            stats.handed_back.fetch_add(1, Ordering::Relaxed);
+                            outcomes.handed_back.increment(1)
+                        }
+                    }
+                    settles.push(settle(
+                        channel.clone(),
+                        acker,
+                        decision,
+                        queue.clone(),
+                        dead_letter,
+                    ));
+                }
+                Event::Settled => {}
+                Event::IntakeStopped => draining = true,
+                Event::Ready(Ok(())) => ready = true,
+                Event::Ready(Err(e)) => {
+                    error!(queue = %queue, error = %e, "the handler service failed; the consumer stops taking deliveries");
+                    stream_done = true;
+                }
+                Event::Next(None) => {
+                    stream_done = true;
+                    if !draining {
+                        stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                        warn!(queue = %queue, "the broker ended this consumer (the queue was deleted or the channel closed); no more deliveries are taken from it");
+                    }
+                }
+                Event::Next(Some(Err(e))) => {
+                    stream_done = true;
+                    if !draining {
+                        stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                    }
+                    warn!(queue = %queue, error = %e, "the consumer's stream failed; no more deliveries are taken from it");
+                }
+                Event::Next(Some(Ok(raw))) => {
+                    if draining {
+                        stats.buffered_after_cancel.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if hand_back_now {
+                        stats.handed_back.fetch_add(1, Ordering::Relaxed);
+                        outcomes.handed_back.increment(1);
+                        settles.push(settle(
+                            channel.clone(),
+                            raw.acker,
+                            Decision::HandBack,
+                            queue.clone(),
+                            dead_letter,
+                        ));
+                        continue;
+                    }
+                    ready = false;
+                    let span = tracing::info_span!(
+                        "acemq.process",
+                        otel.name = %format_args!("{} process", queue),
+                        messaging.system = "rabbitmq",
+                        messaging.operation.type = "process",
+                        messaging.destination.name = raw.exchange.as_str(),
+                        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
+                        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
+                        messaging.message.id = tracing::field::Empty,
+                        acemq.queue = %queue,
+                        acemq.attempt = tracing::field::Empty,
+                        acemq.redelivered = raw.redelivered,
+                    );
+                    let (delivery, acker) = span.in_scope(|| delivery_from_lapin(&queue, raw));
+                    if !span.is_disabled() {
+                        span.record("acemq.attempt", delivery.attempt());
+                        if let Some(id) = &delivery.properties().message_id {
+                            span.record("messaging.message.id", id.as_str());
+                        }
+                    }
+                    let fut = service.call(delivery);
+                    let q = queue.clone();
+                    handlers.push(
+                        async move {
+                            let decision = match fut.await {
+                                Ok(d) => d,
+                                Err(e) => {
+                                    error!(queue = %q, error = %e, "the handler stack returned an error instead of a decision; rejecting the delivery without requeue");
+                                    Decision::DeadLetter(acemq_layers::DeadLetterDecision {
+                                        reason: acemq_layers::Reason::Rejected,
+                                        error: e.to_string(),
+                                        attempts: 0,
+                                        published: false,
+                                    })
+                                }
+                            };
+                            (decision, acker)
+                        }
+                        .instrument(span),
+                    );
+                }
+            }
+        }
+        debug!(queue = %queue, "consumer loop finished");
+    }
+}
+
+/// Carries out one decision on one delivery, exactly once. Settling on a
+/// closed channel is skipped: the broker has already requeued the delivery.
+pub(crate) async fn settle(
+    channel: Channel,
+    acker: Acker,
+    decision: Decision,
+    queue: Arc<str>,
+    dead_letter: bool,
+) {
+    if !channel.status().connected() {
+        debug!(queue = %queue, outcome = decision.outcome(), "not settling on a closed channel; the broker has requeued the delivery");
+        return;
+    }
+    let result = match &decision {
+        Decision::Ack
+        | Decision::Retry(acemq_layers::RetryDecision {
+            via: acemq_layers::RetryVia::Rung(_),
+            ..
+        }) => acker.ack(BasicAckOptions::default()).await,
+        Decision::DeadLetter(d) if d.published => acker.ack(BasicAckOptions::default()).await,
+        Decision::DeadLetter(d) => {
+            if !dead_letter {
+                warn!(queue = %queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
+            }
+            acker.reject(BasicRejectOptions { requeue: false }).await
+        }
+        Decision::Abandoned => {
+            drop(acker);
+            return;
+        }
+        _ => {
+            acker
+                .nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                })
+                .await
+        }
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => {
+            debug!(queue = %queue, outcome = decision.outcome(), "settle skipped: the channel closed or the delivery was already settled")
+        }
+        Err(e) => {
+            debug!(queue = %queue, outcome = decision.outcome(), error = %e, "settle failed on a closing channel; the broker requeues the delivery")
+        }
+    }
+}

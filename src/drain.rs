@@ -1,0 +1,302 @@
+//! The ordered stop, within one shared deadline.
+//!
+//! 1. readiness reports not ready;
+//! 2. every consumer stops intake at once (`basic.cancel` on all of them
+//!    concurrently, gates closed); deliveries still buffered are handed back
+//!    (`prefetch_policy: hand_back`) or handled (`handle_buffered`);
+//! 3. the handlers in flight on all queues are waited for together, within
+//!    what is left of `shutdown_timeout`;
+//! 4. deadline passed (or a second signal): the handlers' tokens are
+//!    cancelled — cancellation is last, never first — and a handler still
+//!    running `abandon_after` later is abandoned;
+//! 5. the consumer channels, then the publisher, then the connection close,
+//!    also when the deadline expired;
+//! 6. a [`DrainReport`], or a [`DrainTimeout`] naming each queue that still
+//!    had deliveries in flight.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use acemq_layers::{InFlightCounter, PauseHandle};
+use futures::future::join_all;
+use lapin::options::BasicCancelOptions;
+use lapin::{Channel, Connection};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::consumer::QueueStats;
+use crate::health::Health;
+use crate::publisher::Publisher;
+
+/// How long closing a channel or the connection may take before the drain
+/// moves on (a broker that went away must not hold the process).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(crate) struct QueueHandle {
+    pub(crate) name: String,
+    pub(crate) channel: Channel,
+    pub(crate) consumer_tag: String,
+    pub(crate) gate: PauseHandle,
+    pub(crate) stats: Arc<QueueStats>,
+}
+
+/// Coordinates the stop. Built by the runner; see the module docs.
+#[must_use = "a Drain does nothing until it is run"]
+pub struct Drain {
+    pub(crate) health: Health,
+    pub(crate) queues: Vec<QueueHandle>,
+    pub(crate) intake: CancellationToken,
+    pub(crate) draining: CancellationToken,
+    pub(crate) root: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) in_flight: InFlightCounter,
+    pub(crate) publisher: Publisher,
+    pub(crate) connection: Arc<Connection>,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) abandon_after: Duration,
+}
+
+impl fmt::Debug for Drain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Drain")
+            .field(
+                "queues",
+                &self.queues.iter().map(|q| &q.name).collect::<Vec<_>>(),
+            )
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("abandon_after", &self.abandon_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One queue's part of a drain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueDrain {
+    /// Queue name.
+    pub name: String,
+    /// Handlers that finished during the drain.
+    pub finished: usize,
+    /// Deliveries fetched but never handled, handed back to the broker.
+    pub handed_back: usize,
+    /// Deliveries the stream yielded after `basic.cancel` (held or handled,
+    /// per `prefetch_policy`).
+    pub buffered: usize,
+}
+
+/// What a clean drain did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// From the first step to the connection closed.
+    pub duration: Duration,
+    /// Per queue.
+    pub queues: Vec<QueueDrain>,
+}
+
+impl DrainReport {
+    /// Handlers finished during the drain, all queues.
+    pub fn finished(&self) -> usize {
+        self.queues.iter().map(|q| q.finished).sum()
+    }
+    /// Deliveries handed back unhandled, all queues.
+    pub fn handed_back(&self) -> usize {
+        self.queues.iter().map(|q| q.handed_back).sum()
+    }
+}
+
+impl fmt::Display for DrainReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "drained in {:.2} s; every handler finished",
+            self.duration.as_secs_f64()
+        )?;
+        let held = self.handed_back();
+        if held > 0 {
+            write!(f, "; {held} deliveries were fetched but never handled — the broker will redeliver them (")?;
+            let parts: Vec<String> = self
+                .queues
+                .iter()
+                .filter(|q| q.handed_back > 0)
+                .map(|q| format!("{}: {}", q.name, q.handed_back))
+                .collect();
+            write!(f, "{})", parts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// What ended the wait for handlers early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadlineKind {
+    /// `shutdown_timeout` expired.
+    ShutdownTimeout,
+    /// A second stop signal arrived during the drain.
+    SecondSignal,
+}
+
+/// The drain's deadline expired with handlers still running. The stop was
+/// still carried out: consumers cancelled, handlers cancelled then
+/// abandoned, channels and connection closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainTimeout {
+    /// What ended the wait.
+    pub kind: DeadlineKind,
+    /// The deadline it was given.
+    pub shutdown_timeout: Duration,
+    /// The grace after cancellation.
+    pub abandon_after: Duration,
+    /// Queues with deliveries still in flight when the deadline passed, and how many.
+    pub in_flight: Vec<(String, usize)>,
+    /// Handlers still running `abandon_after` after cancellation (abandoned).
+    pub abandoned: usize,
+    /// The rest of the report.
+    pub report: DrainReport,
+}
+
+impl fmt::Display for DrainTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queues: Vec<String> = self
+            .in_flight
+            .iter()
+            .map(|(q, n)| format!("{q}: {n} in flight"))
+            .collect();
+        match self.kind {
+            DeadlineKind::ShutdownTimeout => write!(
+                f,
+                "drain deadline expired: shutdown_timeout ({:.1} s) passed with handlers still running ({})",
+                self.shutdown_timeout.as_secs_f64(),
+                queues.join(", ")
+            )?,
+            DeadlineKind::SecondSignal => write!(f, "drain cut short by a second stop signal with handlers still running ({})", queues.join(", "))?,
+        }
+        write!(f, "; their tokens were cancelled")?;
+        if self.abandoned > 0 {
+            write!(
+                f,
+                " and {} handler(s) still running {:.1} s later (abandon_after) were abandoned",
+                self.abandoned,
+                self.abandon_after.as_secs_f64()
+            )?;
+        }
+        write!(
+            f,
+            "; the connection is closed and the broker will redeliver their messages. Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return"
+        )
+    }
+}
+
+impl std::error::Error for DrainTimeout {}
+
+impl Drain {
+    /// Runs the drain; `hurry` resolving (a second signal) skips straight to
+    /// cancellation and abandon.
+    pub async fn run(self, hurry: impl Future<Output = ()>) -> Result<DrainReport, DrainTimeout> {
+        let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        info!(
+            shutdown_timeout = ?self.shutdown_timeout,
+            "drain started: readiness off, consumers cancelled; waiting for {} handler(s) in flight",
+            self.in_flight.total()
+        );
+        // 1. Readiness off; in-process backoffs stop waiting.
+        self.health.set_draining();
+        self.draining.cancel();
+        // 2. Stop intake everywhere at once.
+        self.intake.cancel();
+        for q in &self.queues {
+            q.gate.close();
+        }
+        let cancels = join_all(self.queues.iter().map(|q| async move {
+            if q.channel.status().connected() {
+                if let Err(e) = q.channel.basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default()).await {
+                    warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
+                }
+            }
+        }));
+        let _ = tokio::time::timeout_at(deadline, cancels).await;
+        // 3. Wait for handlers on all queues, within what is left.
+        self.tracker.close();
+        tokio::pin!(hurry);
+        let ended = tokio::select! {
+            () = self.tracker.wait() => None,
+            () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
+            () = &mut hurry => Some(DeadlineKind::SecondSignal),
+        };
+        let mut timeout = None;
+        if let Some(kind) = ended {
+            // 4. Cancel last; abandon after the grace.
+            let in_flight: Vec<(String, usize)> = self
+                .in_flight
+                .snapshot()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            warn!(
+                ?kind,
+                "drain deadline reached with {} handler(s) in flight; cancelling their tokens, abandoning any still running after {:?}",
+                self.in_flight.total(),
+                self.abandon_after
+            );
+            self.root.cancel();
+            let grace = self.abandon_after + Duration::from_millis(250);
+            let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
+            if !in_flight.is_empty() {
+                timeout = Some((kind, in_flight));
+            }
+        }
+        let abandoned: usize = self
+            .queues
+            .iter()
+            .map(|q| q.stats.abandoned.load(Ordering::Relaxed))
+            .sum::<usize>()
+            + self.in_flight.total();
+        // 5. Close consumer channels, then the publisher, then the connection.
+        join_all(self.queues.iter().map(|q| async move {
+            if q.channel.status().connected() {
+                let _ =
+                    tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into())).await;
+            }
+        }))
+        .await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.publisher.close()).await;
+        if self.connection.status().connected() {
+            let _ =
+                tokio::time::timeout(CLOSE_TIMEOUT, self.connection.close(200, "OK".into())).await;
+        }
+        self.health.set_connected(false);
+        // 6. Report.
+        let report = DrainReport {
+            duration: start.elapsed(),
+            queues: self
+                .queues
+                .iter()
+                .map(|q| QueueDrain {
+                    name: q.name.clone(),
+                    finished: q.stats.finished_during_drain.load(Ordering::Relaxed),
+                    handed_back: q.stats.handed_back.load(Ordering::Relaxed),
+                    buffered: q.stats.buffered_after_cancel.load(Ordering::Relaxed),
+                })
+                .collect(),
+        };
+        metrics::histogram!("acemq.drain.duration").record(report.duration.as_secs_f64());
+        match timeout {
+            None => Ok(report),
+            Some((kind, in_flight)) => {
+                metrics::counter!("acemq.drain.timeouts").increment(1);
+                Err(DrainTimeout {
+                    kind,
+                    shutdown_timeout: self.shutdown_timeout,
+                    abandon_after: self.abandon_after,
+                    in_flight,
+                    abandoned,
+                    report,
+                })
+            }
+        }
+    }
+}

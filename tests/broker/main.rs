@@ -1,0 +1,8 @@
+//! Integration tests against the real RabbitMQ at `AMQP_ADDR` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`). Each test declares its own
+//! uniquely named queues and deletes them; they run in parallel safely.
+#![allow(unreachable_pub, missing_docs)]
+
+mod support;
+
+mod round_trip;
