@@ -355,7 +355,9 @@ pub fn start_failed(e: &StartError) -> ExitCode {
     ExitCode::from(e.exit_code())
 }
 
-fn finish(result: Result<DrainReport, DrainTimeout>) -> ExitCode {
+/// Logs a drain's outcome (the report, or the timeout on stderr too) and
+/// returns the exit code: 0 clean, 75 when the deadline expired.
+pub fn finish(result: Result<DrainReport, DrainTimeout>) -> ExitCode {
     match result {
         Ok(report) => {
             info!("{report}");
