@@ -6,8 +6,11 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR]
+//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]
 //! ```
+//!
+//! `--queue NAME` consumes (and seeds) `NAME` instead of `shop.orders`; the
+//! config file must name that queue.
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! An order is a JSON body:
@@ -31,6 +34,7 @@ use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
+/// The queue consumed unless `--queue` names another.
 const QUEUE: &str = "shop.orders";
 
 /// One order, as published to `shop.orders`.
@@ -164,6 +168,7 @@ fn demo_batch() -> Vec<(String, Vec<u8>)> {
 
 struct Args {
     config: String,
+    queue: String,
     seed: bool,
     http: Option<SocketAddr>,
 }
@@ -171,6 +176,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         config: "examples/shop.yaml".to_owned(),
+        queue: QUEUE.to_owned(),
         seed: true,
         http: None,
     };
@@ -179,6 +185,7 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--config" => args.config = it.next().ok_or("--config needs a file")?,
             "--no-seed" => args.seed = false,
+            "--queue" => args.queue = it.next().ok_or("--queue needs a queue name")?,
             "--http" => {
                 let v = it
                     .next()
@@ -186,12 +193,12 @@ fn parse_args() -> Result<Args, String> {
                 args.http = Some(v.parse().map_err(|e| format!("--http {v}: {e}"))?);
             }
             "-h" | "--help" => {
-                println!("usage: shop [--config FILE] [--no-seed] [--http ADDR]");
+                println!("usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]");
                 std::process::exit(0);
             }
             other => {
                 return Err(format!(
-                "unknown argument {other:?}; usage: shop [--config FILE] [--no-seed] [--http ADDR]"
+                "unknown argument {other:?}; usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]"
             ))
             }
         }
@@ -241,7 +248,7 @@ async fn main() -> ExitCode {
     let stats = Arc::new(Stats::default());
     let handler_stats = stats.clone();
     let app = App::new(config).connection_name("acemq-shop").consume(
-        QUEUE,
+        &args.queue,
         tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
     );
     let health = app.health();
@@ -252,12 +259,14 @@ async fn main() -> ExitCode {
 
     if let Some(addr) = args.http {
         let h = health.clone();
+        let m = health.clone();
         let router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(move || readyz(h.clone())))
             .route(
                 "/metrics",
                 get(move || {
+                    m.record_metrics();
                     let body = prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
                     async move { body }
                 }),
@@ -282,7 +291,7 @@ async fn main() -> ExitCode {
                 .with_message_id(id.as_str().into())
                 .with_content_type("application/json".into())
                 .with_delivery_mode(2);
-            if let Err(e) = publisher.publish("", QUEUE, &body, props).await {
+            if let Err(e) = publisher.publish("", &args.queue, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
             }
         }

@@ -29,9 +29,11 @@ pub(crate) struct QueueStats {
     /// without being handled (policy `hand_back`), plus those the pause gate
     /// handed back.
     pub(crate) handed_back: AtomicUsize,
-    /// Deliveries taken from the stream after intake stopped (either policy).
+    /// Deliveries taken from the stream after `basic.cancel` was answered
+    /// (either policy).
     pub(crate) buffered_after_cancel: AtomicUsize,
-    /// Handlers that finished after the drain began.
+    /// Handlers that finished after the drain began (not counting
+    /// hand-backs and abandonments).
     pub(crate) finished_during_drain: AtomicUsize,
     /// Handlers finished in all.
     pub(crate) handled: AtomicUsize,
@@ -43,6 +45,11 @@ pub(crate) struct QueueStats {
     pub(crate) abandoned: AtomicUsize,
     /// Whether the broker cancelled this consumer (queue deleted).
     pub(crate) cancelled_by_broker: AtomicBool,
+    /// Cancelled by the drain once `basic.cancel` has been answered (or has
+    /// failed, or the deadline passed). Until then a `hand_back` loop takes
+    /// nothing from its stream: a delivery requeued while the consumer is
+    /// still registered would come straight back to it.
+    pub(crate) consumer_cancelled: CancellationToken,
 }
 
 /// Pre-registered counter handles, so the hot path builds no metric keys.
@@ -87,6 +94,7 @@ enum Event {
     Handled((Decision, Acker)),
     Settled,
     IntakeStopped,
+    ConsumerCancelled,
     Ready(Result<(), BoxError>),
     Next(Option<lapin::Result<lapin::message::Delivery>>),
 }
@@ -116,15 +124,21 @@ where
         let mut ready = false;
 
         loop {
-            let want = !stream_done
-                && (handlers.len() < concurrency
-                    || (draining && policy == PrefetchPolicy::HandBack));
             let hand_back_now = draining && policy == PrefetchPolicy::HandBack;
+            // Handing back waits for the consumer's cancel to be answered.
+            let cancel_answered = stats.consumer_cancelled.is_cancelled();
+            let want = !stream_done
+                && if hand_back_now {
+                    cancel_answered
+                } else {
+                    handlers.len() < concurrency
+                };
             let event = tokio::select! {
                 biased;
                 Some(handled) = handlers.next(), if !handlers.is_empty() => Event::Handled(handled),
                 Some(()) = settles.next(), if !settles.is_empty() => Event::Settled,
                 () = intake.cancelled(), if !draining && !stream_done => Event::IntakeStopped,
+                () = stats.consumer_cancelled.cancelled(), if hand_back_now && !cancel_answered && !stream_done => Event::ConsumerCancelled,
                 r = poll_fn(|cx| service.poll_ready(cx)), if want && !ready && !hand_back_now => Event::Ready(r),
                 next = consumer.next(), if want && (ready || hand_back_now) => Event::Next(next),
                 else => break,
@@ -132,7 +146,13 @@ where
             match event {
                 Event::Handled((decision, acker)) => {
                     stats.handled.fetch_add(1, Ordering::Relaxed);
-                    if draining {
+                    // `intake`, not `draining`: the loop may see this handler
+                    // end before it sees the drain begin. A hand-back (a
+                    // closed gate, a cancelled handler) or an abandonment is
+                    // not a handler that finished its work.
+                    if intake.is_cancelled()
+                        && !matches!(decision, Decision::HandBack | Decision::Abandoned)
+                    {
                         stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
                     }
                     match &decision {
@@ -166,7 +186,7 @@ where
                         dead_letter,
                     ));
                 }
-                Event::Settled => {}
+                Event::Settled | Event::ConsumerCancelled => {}
                 Event::IntakeStopped => draining = true,
                 Event::Ready(Ok(())) => ready = true,
                 Event::Ready(Err(e)) => {
@@ -188,7 +208,7 @@ where
                     warn!(queue = %queue, error = %e, "the consumer's stream failed; no more deliveries are taken from it");
                 }
                 Event::Next(Some(Ok(raw))) => {
-                    if draining {
+                    if draining && stats.consumer_cancelled.is_cancelled() {
                         stats.buffered_after_cancel.fetch_add(1, Ordering::Relaxed);
                     }
                     if hand_back_now {

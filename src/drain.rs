@@ -2,8 +2,10 @@
 //!
 //! 1. readiness reports not ready;
 //! 2. every consumer stops intake at once (`basic.cancel` on all of them
-//!    concurrently, gates closed); deliveries still buffered are handed back
-//!    (`prefetch_policy: hand_back`) or handled (`handle_buffered`);
+//!    concurrently); once the broker has answered, deliveries still buffered
+//!    are handed back (`prefetch_policy: hand_back`) or handled
+//!    (`handle_buffered`), and paused gates close, handing back what they
+//!    hold (every gate closes at the deadline);
 //! 3. the handlers in flight on all queues are waited for together, within
 //!    what is left of `shutdown_timeout`;
 //! 4. deadline passed (or a second signal): the handlers' tokens are
@@ -111,8 +113,9 @@ impl fmt::Display for DrainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "drained in {:.2} s; every handler finished",
-            self.duration.as_secs_f64()
+            "drained in {:.2} s; every handler finished ({} during the drain)",
+            self.duration.as_secs_f64(),
+            self.finished()
         )?;
         let held = self.handed_back();
         if held > 0 {
@@ -185,7 +188,9 @@ impl fmt::Display for DrainTimeout {
         }
         write!(
             f,
-            "; the connection is closed and the broker will redeliver their messages. Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return"
+            "; the connection is closed and the broker will redeliver their messages ({} handler(s) finished and {} deliveries were handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
+            self.report.finished(),
+            self.report.handed_back()
         )
     }
 }
@@ -200,17 +205,15 @@ impl Drain {
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         info!(
             shutdown_timeout = ?self.shutdown_timeout,
-            "drain started: readiness off, consumers cancelled; waiting for {} handler(s) in flight",
+            "drain started: readiness off, stopping intake; waiting for {} handler(s) in flight",
             self.in_flight.total()
         );
         // 1. Readiness off; in-process backoffs stop waiting.
         self.health.set_draining();
         self.draining.cancel();
-        // 2. Stop intake everywhere at once.
+        // 2. Stop intake everywhere at once: the loops start no new handler
+        // (`hand_back`) and the broker stops sending.
         self.intake.cancel();
-        for q in &self.queues {
-            q.gate.close();
-        }
         let cancels = join_all(self.queues.iter().map(|q| async move {
             if q.channel.status().connected() {
                 if let Err(e) = q.channel.basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default()).await {
@@ -219,6 +222,18 @@ impl Drain {
             }
         }));
         let _ = tokio::time::timeout_at(deadline, cancels).await;
+        // Only now may anything be handed back: a delivery requeued while its
+        // consumer was still registered would be sent straight back to it.
+        // A paused gate hands back what it holds; an open one stays open so
+        // that `handle_buffered` can handle what the stream still yields (a
+        // `hand_back` loop no longer calls its stack). Every gate closes at
+        // the deadline.
+        for q in &self.queues {
+            q.stats.consumer_cancelled.cancel();
+            if q.gate.is_paused() {
+                q.gate.close();
+            }
+        }
         // 3. Wait for handlers on all queues, within what is left.
         self.tracker.close();
         tokio::pin!(hurry);
@@ -242,6 +257,9 @@ impl Drain {
                 self.in_flight.total(),
                 self.abandon_after
             );
+            for q in &self.queues {
+                q.gate.close();
+            }
             self.root.cancel();
             let grace = self.abandon_after + Duration::from_millis(250);
             let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
@@ -256,6 +274,9 @@ impl Drain {
             .sum::<usize>()
             + self.in_flight.total();
         // 5. Close consumer channels, then the publisher, then the connection.
+        for q in &self.queues {
+            q.gate.close();
+        }
         join_all(self.queues.iter().map(|q| async move {
             if q.channel.status().connected() {
                 let _ =

@@ -130,6 +130,18 @@ impl Health {
             .collect()
     }
 
+    /// Sets the gauges `acemq.inflight` and `acemq.held` {queue} and
+    /// `acemq.ready` from the current state (call it before rendering a
+    /// metrics scrape).
+    pub fn record_metrics(&self) {
+        let snap = self.snapshot();
+        metrics::gauge!("acemq.ready").set(if snap.ready { 1.0 } else { 0.0 });
+        for q in &snap.queues {
+            metrics::gauge!("acemq.inflight", "queue" => q.name.clone()).set(q.in_flight as f64);
+            metrics::gauge!("acemq.held", "queue" => q.name.clone()).set(q.held as f64);
+        }
+    }
+
     /// The current state.
     pub fn snapshot(&self) -> HealthSnapshot {
         let queues = self

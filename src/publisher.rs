@@ -22,7 +22,7 @@ pub struct Publisher {
 }
 
 struct Inner {
-    connection: Arc<Connection>,
+    connection: Mutex<Arc<Connection>>,
     channel: Mutex<Channel>,
     topology: Topology,
 }
@@ -46,11 +46,30 @@ impl Publisher {
         let channel = confirm_channel(&connection).await?;
         Ok(Publisher {
             inner: Arc::new(Inner {
-                connection,
+                connection: Mutex::new(connection),
                 channel: Mutex::new(channel),
                 topology,
             }),
         })
+    }
+
+    fn connection(&self) -> Arc<Connection> {
+        self.inner
+            .connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Moves the publisher to a new connection (after a reconnect); its
+    /// channel is reopened there on the next publish.
+    #[allow(dead_code)] // used by the reconnect supervisor (in progress)
+    pub(crate) fn set_connection(&self, connection: Arc<Connection>) {
+        *self
+            .inner
+            .connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = connection;
     }
 
     fn channel(&self) -> Channel {
@@ -66,7 +85,7 @@ impl Publisher {
         if ch.status().connected() {
             return Ok(ch);
         }
-        let fresh = confirm_channel(&self.inner.connection).await?;
+        let fresh = confirm_channel(&self.connection()).await?;
         *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }
@@ -141,7 +160,7 @@ impl Publish for Publisher {
             queue,
             "declaring the queue again: it was deleted while the consumer was running"
         );
-        declare_one(&self.inner.connection, decl)
+        declare_one(&self.connection(), decl)
             .await
             .map_err(|e| PublishError::Transport {
                 queue: queue.to_owned(),

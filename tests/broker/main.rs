@@ -6,3 +6,10 @@
 mod support;
 
 mod round_trip;
+mod bad_input;
+mod config_load;
+mod dead_letter;
+mod retry;
+mod topology;
+mod drain;
+mod process;

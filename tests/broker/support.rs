@@ -191,3 +191,159 @@ pub fn all_queues(q: &str) -> Vec<String> {
     }
     v
 }
+
+// ---- Helpers for the topology, config, retry, dead-letter and bad-input tests.
+
+/// Every queue the topology of `config` declares (main, `.dlq`, rungs).
+pub fn topology_queues(config: &acemq::Config) -> Vec<String> {
+    acemq::topology::Topology::from_config(config)
+        .decls()
+        .iter()
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+/// A one-queue config: `name`, dead-lettering on, and retries on the schedule
+/// `initial` (doubling, capped at `max`) for `max_attempts` in all, waiting
+/// in the broker from `threshold` on.
+pub fn retry_config(
+    name: &str,
+    max_attempts: u32,
+    initial: Duration,
+    threshold: Duration,
+    max: Duration,
+) -> acemq::Config {
+    let mut q = acemq::config::QueueConfig::new(name);
+    q.dead_letter = true;
+    q.retries = Some(acemq::config::RetriesConfig {
+        max_attempts,
+        initial_delay: initial,
+        max_delay: max,
+        broker_wait_threshold: threshold,
+        jitter: false,
+        retry_panics: false,
+    });
+    acemq::Config {
+        shutdown_timeout: Duration::from_secs(10),
+        queues: vec![q],
+        ..acemq::Config::default()
+    }
+}
+
+/// A field table from `(name, value)` pairs.
+pub fn field_table(entries: Vec<(&str, lapin::types::AMQPValue)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(k.into(), v);
+    }
+    t
+}
+
+/// An AMQP long string value.
+pub fn long_str(s: &str) -> lapin::types::AMQPValue {
+    lapin::types::AMQPValue::LongString(s.into())
+}
+
+/// A message's headers as acemq [`acemq::Headers`] (empty when it has none).
+pub fn message_headers(props: &BasicProperties) -> acemq::Headers {
+    props
+        .headers()
+        .as_ref()
+        .map(acemq::convert::headers_from_table)
+        .unwrap_or_default()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Broker {
+    /// Consumers on `queue` (passive declare); `None` when it does not exist.
+    pub async fn consumers(&mut self, queue: &str) -> Option<u32> {
+        let ch = self.channel().await;
+        ch.queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .ok()
+        .map(|q| q.consumer_count())
+    }
+
+    /// Declares `queue` durable with `arguments`, on a channel of its own (a
+    /// refused declare closes its channel). The broker's refusal is the error.
+    pub async fn declare(
+        &mut self,
+        queue: &str,
+        arguments: FieldTable,
+    ) -> Result<(), lapin::Error> {
+        let ch = self.conn.create_channel().await.expect("channel");
+        let res = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await
+            .map(|_| ());
+        if ch.status().connected() {
+            let _ = ch.close(200, "OK".into()).await;
+        }
+        res
+    }
+
+    /// Publishes every body to `queue` with `props`, then waits for all the
+    /// confirms (pipelined, for volume).
+    pub async fn publish_many(&mut self, queue: &str, bodies: &[Vec<u8>], props: BasicProperties) {
+        let ch = self.channel().await.clone();
+        let mut confirms = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            confirms.push(
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    props.clone(),
+                )
+                .await
+                .expect("publish"),
+            );
+        }
+        for c in confirms {
+            c.await.expect("confirm");
+        }
+    }
+}
+
+// ---- Helpers for the drain and process tests.
+
+/// Whether `rabbitmqctl list_connections client_properties` shows a
+/// connection whose client-provided name is `name`.
+pub async fn connection_listed(name: &str) -> bool {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "--no-table-headers",
+            "client_properties",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_connections failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).contains(&format!("\"{name}\""))
+}

@@ -1,0 +1,173 @@
+//! Messages the library did not write: malformed attempt headers, bodies
+//! that are not UTF-8, and a large body.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq::{App, BoxError, Delivery};
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable};
+use tower::service_fn;
+
+use crate::support::{
+    eventually, field_table, long_str, retry_config, topology_queues, unique, Broker,
+};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// A handler that records each delivery's body and attempt, and succeeds.
+fn recording(
+    seen: Arc<Mutex<Vec<(Bytes, u32)>>>,
+) -> impl tower::Service<
+    Delivery,
+    Response = (),
+    Error = BoxError,
+    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    service_fn(move |d: Delivery| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push((d.body().clone(), d.attempt()));
+            Ok::<(), BoxError>(())
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_malformed_attempt_header_is_read_as_attempt_1_and_the_delivery_is_handled() {
+    let q = unique("bad.attempt");
+    let mut broker = Broker::new().await;
+    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
+    let all = topology_queues(&config);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let running = App::new(config)
+        .consume(&q, recording(seen.clone()))
+        .start()
+        .await
+        .expect("starts");
+
+    let nested = field_table(vec![("attempt", AMQPValue::LongLongInt(3))]);
+    let cases: Vec<(&str, AMQPValue, u32)> = vec![
+        ("string abc", long_str("abc"), 1),
+        ("string 3", long_str("3"), 1),
+        ("minus five", AMQPValue::LongLongInt(-5), 1),
+        ("zero", AMQPValue::ShortShortInt(0), 1),
+        (
+            "ten to the twelve",
+            AMQPValue::LongLongInt(1_000_000_000_000),
+            1,
+        ),
+        ("i64 max", AMQPValue::LongLongInt(i64::MAX), 1),
+        ("nested table", AMQPValue::FieldTable(nested), 1),
+        ("float", AMQPValue::Double(2.0), 1),
+        ("bool", AMQPValue::Boolean(true), 1),
+        ("void", AMQPValue::Void, 1),
+        // Well-formed controls: the header is read when it is valid.
+        ("valid 3 as i64", AMQPValue::LongLongInt(3), 3),
+        ("valid 2 as u8", AMQPValue::ShortShortUInt(2), 2),
+    ];
+    let expected: BTreeMap<String, u32> = cases
+        .iter()
+        .map(|(name, _, attempt)| ((*name).to_owned(), *attempt))
+        .collect();
+    for (name, value, _) in cases {
+        broker
+            .publish(
+                &q,
+                name.as_bytes(),
+                field_table(vec![("x-acemq-attempt", value)]),
+            )
+            .await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            seen.lock().unwrap().len() == expected.len()
+        })
+        .await,
+        "every delivery handled: {:?}",
+        seen.lock().unwrap()
+    );
+    let snapshot = running.health().snapshot();
+    assert!(
+        snapshot.ready && snapshot.queues[0].consuming,
+        "{snapshot:?}"
+    );
+    running.drain().await.expect("clean drain");
+
+    let got: BTreeMap<String, u32> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(body, attempt)| (String::from_utf8(body.to_vec()).unwrap(), *attempt))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(broker.ready(&q).await, Some(0), "all acknowledged");
+    assert_eq!(broker.ready(&format!("{q}.dlq")).await, Some(0));
+    broker.delete(&all).await;
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_utf8_is_delivered_intact() {
+    let q = unique("bad.utf8");
+    let mut broker = Broker::new().await;
+    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
+    let all = topology_queues(&config);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let running = App::new(config)
+        .consume(&q, recording(seen.clone()))
+        .start()
+        .await
+        .expect("starts");
+
+    let body: Vec<u8> = vec![0xff, 0xfe, 0x00, 0xc3, 0x28, 0x80, 0xed, 0xa0, 0x80, 0x0a];
+    assert!(std::str::from_utf8(&body).is_err());
+    broker.publish(&q, &body, FieldTable::default()).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            seen.lock().unwrap().len() == 1
+        })
+        .await
+    );
+    running.drain().await.expect("clean drain");
+    let (got, attempt) = seen.lock().unwrap()[0].clone();
+    assert_eq!(&got[..], &body[..]);
+    assert_eq!(attempt, 1);
+    assert_eq!(broker.ready(&q).await, Some(0), "acknowledged");
+    broker.delete(&all).await;
+}
+
+#[tokio::test]
+async fn a_16_mib_body_round_trips_whole() {
+    const LEN: usize = 16 * 1024 * 1024;
+    let q = unique("bad.large");
+    let mut broker = Broker::new().await;
+    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
+    let all = topology_queues(&config);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let running = App::new(config)
+        .consume(&q, recording(seen.clone()))
+        .start()
+        .await
+        .expect("starts");
+
+    let body: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    broker.publish(&q, &body, FieldTable::default()).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            seen.lock().unwrap().len() == 1
+        })
+        .await,
+        "the large delivery was handled"
+    );
+    running.drain().await.expect("clean drain");
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].0.len(), LEN, "the handler saw the full length");
+        assert!(seen[0].0[..] == body[..], "byte for byte");
+    }
+    assert_eq!(broker.ready(&q).await, Some(0), "acknowledged");
+    broker.delete(&all).await;
+}
