@@ -10,9 +10,11 @@ use acemq_layers::{
     BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightLayer, PauseHandle,
     PauseLayer, RetryLayer,
 };
+use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use tokio::sync::mpsc;
+use lapin::Connection;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::{Service, ServiceBuilder};
@@ -21,7 +23,7 @@ use tracing::{error, info, warn};
 use crate::config::{Config, QueueConfig};
 use crate::connection::{amqp_addr_from_env, connect, redact, ConnectError};
 use crate::consumer::{ConsumerLoop, QueueStats};
-use crate::drain::{Drain, DrainReport, DrainTimeout, QueueHandle};
+use crate::drain::{Drain, DrainReport, DrainTimeout, Link, QueueHandle};
 use crate::health::Health;
 use crate::publisher::Publisher;
 use crate::topology::{Topology, TopologyError};
@@ -41,18 +43,12 @@ struct StartCtx<'a> {
     queue: &'a QueueConfig,
     channel: lapin::Channel,
     consumer: lapin::Consumer,
-    publisher: Publisher,
+    shared: &'a Shared,
     gate: PauseHandle,
-    health: Health,
-    intake: CancellationToken,
-    draining: CancellationToken,
-    root: CancellationToken,
-    abandon_after: Duration,
-    prefetch_policy: crate::config::PrefetchPolicy,
     stats: Arc<QueueStats>,
 }
 
-type Starter = Box<dyn FnOnce(StartCtx<'_>) -> LoopFuture + Send>;
+type Starter = Box<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
 
 /// Why the runner could not start. No consumer was started.
 #[derive(Debug, thiserror::Error)]
@@ -165,18 +161,23 @@ impl App {
         H::Future: Send + 'static,
         H::Response: Send + 'static,
     {
+        // The stack is built again for each connection (after a reconnect);
+        // the mutex only makes the starter `Sync` without asking it of `H`.
+        let handler = std::sync::Mutex::new(handler);
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
             let q = ctx.queue;
+            let sh = ctx.shared;
+            let handler = handler.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let service = ServiceBuilder::new()
                 .layer(PauseLayer::new(ctx.gate.clone()))
-                .layer(InFlightLayer::new(ctx.health.in_flight().clone()))
-                .layer(DeadLetterLayer::new(ctx.publisher.clone()).enabled(q.dead_letter))
+                .layer(InFlightLayer::new(sh.health.in_flight().clone()))
+                .layer(DeadLetterLayer::new(sh.publisher.clone()).enabled(q.dead_letter))
                 .layer(RetryLayer::new(
                     q.policy(),
-                    ctx.publisher.clone(),
-                    ctx.draining.clone(),
+                    sh.publisher.clone(),
+                    sh.draining.clone(),
                 ))
-                .layer(CancelLayer::new(ctx.root.clone()).abandon_after(ctx.abandon_after))
+                .layer(CancelLayer::new(sh.root.clone()).abandon_after(sh.config.abandon_after))
                 .service(handler);
             let lp = ConsumerLoop {
                 queue: Arc::from(q.name.as_str()),
@@ -184,10 +185,11 @@ impl App {
                 consumer: ctx.consumer,
                 service,
                 concurrency: q.concurrency,
-                policy: ctx.prefetch_policy,
+                policy: sh.config.prefetch_policy,
                 dead_letter: q.dead_letter,
-                intake: ctx.intake,
+                intake: sh.intake.clone(),
                 stats: ctx.stats,
+                ended: sh.ended.clone(),
             };
             Box::pin(lp.run())
         });
@@ -230,9 +232,11 @@ impl App {
         let addr = addr.unwrap_or_else(amqp_addr_from_env);
         info!(broker = %redact(&addr), "connecting");
         let connection = Arc::new(connect(&addr, &name, config.connect_timeout).await?);
-        health.set_connected(true);
         let topology = Topology::from_config(&config);
-        topology.declare(&connection).await?;
+        if let Err(e) = topology.declare(&connection).await {
+            let _ = connection.close(200, "OK".into()).await;
+            return Err(e.into());
+        }
         info!(
             queues = topology.decls().len(),
             "topology declared: {}",
@@ -249,13 +253,9 @@ impl App {
                 queue: "(publisher)".to_owned(),
                 message: e.to_string(),
             })?;
-
-        let intake = CancellationToken::new();
-        let draining = CancellationToken::new();
-        let root = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        let mut handles = Vec::new();
-        // Consumers start in config order.
+        // Starters in config order, with one gate and one stats per queue
+        // that outlive reconnects.
+        let mut ordered = Vec::new();
         let mut starters = starters;
         for q in &config.queues {
             let idx = starters
@@ -263,64 +263,51 @@ impl App {
                 .position(|(n, _)| n == &q.name)
                 .expect("checked above");
             let (_, starter) = starters.swap_remove(idx);
-            let consume_err = |e: lapin::Error| StartError::Consume {
-                queue: q.name.clone(),
-                message: e.to_string(),
-            };
-            let channel = connection.create_channel().await.map_err(consume_err)?;
-            channel
-                .basic_qos(q.prefetch, BasicQosOptions::default())
-                .await
-                .map_err(consume_err)?;
-            let tag = format!("{name}-{}", q.name);
-            let consumer = channel
-                .basic_consume(
-                    q.name.as_str().into(),
-                    tag.as_str().into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(consume_err)?;
             let gate = PauseHandle::new();
             let stats = Arc::new(QueueStats::default());
             health.add_queue(&q.name, gate.clone(), stats.clone());
-            let fut = starter(StartCtx {
-                queue: q,
-                channel: channel.clone(),
-                consumer,
-                publisher: publisher.clone(),
-                gate: gate.clone(),
-                health: health.clone(),
-                intake: intake.clone(),
-                draining: draining.clone(),
-                root: root.clone(),
-                abandon_after: config.abandon_after,
-                prefetch_policy: config.prefetch_policy,
-                stats: stats.clone(),
-            });
-            tracker.spawn(fut);
-            info!(queue = %q.name, prefetch = q.prefetch, concurrency = q.concurrency, "consuming");
-            handles.push(QueueHandle {
-                name: q.name.clone(),
-                channel,
-                consumer_tag: tag,
+            ordered.push(QueueSlot {
+                starter,
                 gate,
                 stats,
             });
         }
+        let shared = Arc::new(Shared {
+            link: Arc::new(Link::new(connection.clone())),
+            config,
+            addr,
+            name,
+            slots: ordered,
+            health: health.clone(),
+            publisher: publisher.clone(),
+            topology,
+            intake: CancellationToken::new(),
+            draining: CancellationToken::new(),
+            root: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            ended: Arc::new(Notify::new()),
+        });
+        // Consumers start only now, after the topology is declared.
+        let generation = match start_consumers(&shared, &connection).await {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = connection.close(200, "OK".into()).await;
+                return Err(e);
+            }
+        };
+        install(&shared, connection, generation);
+        tokio::spawn(supervise(shared.clone()));
         let drain = Drain {
             health: health.clone(),
             in_flight: health.in_flight().clone(),
-            queues: handles,
-            intake,
-            draining,
-            root,
-            tracker,
+            link: shared.link.clone(),
+            intake: shared.intake.clone(),
+            draining: shared.draining.clone(),
+            root: shared.root.clone(),
+            tracker: shared.tracker.clone(),
             publisher: publisher.clone(),
-            connection,
-            shutdown_timeout: config.shutdown_timeout,
-            abandon_after: config.abandon_after,
+            shutdown_timeout: shared.config.shutdown_timeout,
+            abandon_after: shared.config.abandon_after,
         };
         Ok(Running {
             drain,
@@ -343,6 +330,181 @@ impl App {
         match self.start().await {
             Ok(running) => running.run_until(stop).await,
             Err(e) => start_failed(&e),
+        }
+    }
+}
+
+struct QueueSlot {
+    starter: Starter,
+    gate: PauseHandle,
+    stats: Arc<QueueStats>,
+}
+
+/// What every generation of consumers (one per connection) is built from.
+struct Shared {
+    link: Arc<Link>,
+    config: Config,
+    addr: String,
+    name: String,
+    slots: Vec<QueueSlot>,
+    health: Health,
+    publisher: Publisher,
+    topology: Topology,
+    intake: CancellationToken,
+    draining: CancellationToken,
+    root: CancellationToken,
+    tracker: TaskTracker,
+    ended: Arc<Notify>,
+}
+
+/// Opens a channel and a consumer per queue on `connection` and builds each
+/// queue's loop, without starting it.
+async fn start_consumers(
+    shared: &Shared,
+    connection: &Connection,
+) -> Result<Vec<(QueueHandle, LoopFuture)>, StartError> {
+    let mut out = Vec::new();
+    for (q, slot) in shared.config.queues.iter().zip(&shared.slots) {
+        let consume_err = |e: lapin::Error| StartError::Consume {
+            queue: q.name.clone(),
+            message: e.to_string(),
+        };
+        let channel = connection.create_channel().await.map_err(consume_err)?;
+        channel
+            .basic_qos(q.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(consume_err)?;
+        let tag = format!("{}-{}", shared.name, q.name);
+        let consumer = channel
+            .basic_consume(
+                q.name.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(consume_err)?;
+        let fut = (slot.starter)(StartCtx {
+            queue: q,
+            channel: channel.clone(),
+            consumer,
+            shared,
+            gate: slot.gate.clone(),
+            stats: slot.stats.clone(),
+        });
+        out.push((
+            QueueHandle {
+                name: q.name.clone(),
+                channel,
+                consumer_tag: tag,
+                gate: slot.gate.clone(),
+                stats: slot.stats.clone(),
+            },
+            fut,
+        ));
+    }
+    Ok(out)
+}
+
+/// Makes a generation the live one and starts its loops — unless the drain
+/// has begun, in which case the new connection is closed instead. Returns
+/// whether it was installed.
+fn install(
+    shared: &Shared,
+    connection: Arc<Connection>,
+    generation: Vec<(QueueHandle, LoopFuture)>,
+) -> bool {
+    let mut queues = shared.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.draining.is_cancelled() {
+        drop(queues);
+        tokio::spawn(async move {
+            let _ = connection.close(200, "OK".into()).await;
+        });
+        return false;
+    }
+    let mut handles = Vec::new();
+    for (handle, fut) in generation {
+        handle
+            .stats
+            .cancelled_by_broker
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        shared.tracker.spawn(fut);
+        info!(queue = %handle.name, "consuming");
+        handles.push(handle);
+    }
+    *queues = handles;
+    shared.publisher.set_connection(connection.clone());
+    *shared
+        .link
+        .connection
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = connection;
+    shared.health.set_connected(true);
+    true
+}
+
+/// The first reconnect delay; it doubles up to [`RECONNECT_MAX`].
+const RECONNECT_MIN: Duration = Duration::from_millis(200);
+/// The cap on the reconnect delay.
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// Watches the connection; when it is lost (the broker closed it, restarted,
+/// or the network failed), reconnects with capped exponential backoff,
+/// declares the topology again and starts a new generation of consumers.
+/// Handlers of the old generation finish; their settles on the dead channel
+/// are skipped (the broker has requeued those deliveries). Stops when the
+/// drain begins, also in the middle of an outage.
+async fn supervise(shared: Arc<Shared>) {
+    loop {
+        let connection = shared.link.connection();
+        let mut events: std::pin::Pin<Box<dyn futures::Stream<Item = lapin::Event> + Send>> =
+            Box::pin(connection.events_listener());
+        // Wait until the connection is gone.
+        loop {
+            if !connection.status().connected() {
+                break;
+            }
+            tokio::select! {
+                () = shared.draining.cancelled() => return,
+                () = shared.ended.notified() => {}
+                ev = events.next() => {
+                    if ev.is_none() {
+                        // No more events; the consumers' streams still tell.
+                        events = Box::pin(futures::stream::pending());
+                    }
+                }
+            }
+        }
+        shared.health.set_connected(false);
+        warn!("the connection to the broker was lost; reconnecting with backoff (readiness is off until then)");
+        let mut delay = RECONNECT_MIN;
+        loop {
+            let attempt = async {
+                let connection = Arc::new(
+                    connect(&shared.addr, &shared.name, shared.config.connect_timeout).await?,
+                );
+                shared.topology.declare(&connection).await?;
+                let generation = start_consumers(&shared, &connection).await?;
+                Ok::<_, StartError>((connection, generation))
+            };
+            let result = tokio::select! {
+                () = shared.draining.cancelled() => return,
+                r = attempt => r,
+            };
+            match result {
+                Ok((connection, generation)) => {
+                    if install(&shared, connection, generation) {
+                        info!("reconnected to the broker; topology declared again and consumers resumed");
+                    }
+                    break;
+                }
+                Err(e) => warn!("reconnect failed: {e}; next attempt in {delay:?}"),
+            }
+            tokio::select! {
+                () = shared.draining.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RECONNECT_MAX);
         }
     }
 }

@@ -87,6 +87,9 @@ pub(crate) struct ConsumerLoop<S> {
     /// Cancelled when the drain stops intake.
     pub(crate) intake: CancellationToken,
     pub(crate) stats: Arc<QueueStats>,
+    /// Notified when the stream ends outside a drain (connection lost or
+    /// consumer cancelled by the broker): the reconnect supervisor looks.
+    pub(crate) ended: Arc<tokio::sync::Notify>,
 }
 
 #[allow(clippy::large_enum_variant)] // transient, on the stack, never stored
@@ -115,6 +118,7 @@ where
             dead_letter,
             intake,
             stats,
+            ended,
         } = self;
         let outcomes = Outcomes::new(&queue);
         let mut handlers = FuturesUnordered::new();
@@ -197,13 +201,19 @@ where
                     stream_done = true;
                     if !draining {
                         stats.cancelled_by_broker.store(true, Ordering::Relaxed);
-                        warn!(queue = %queue, "the broker ended this consumer (the queue was deleted or the channel closed); no more deliveries are taken from it");
+                        ended.notify_one();
+                        if channel.status().connected() {
+                            warn!(queue = %queue, "the broker cancelled this consumer (was the queue deleted?); readiness is off and no more deliveries are taken from it");
+                        } else {
+                            warn!(queue = %queue, "the consumer's channel closed; handlers still running finish, their settles are skipped (the broker requeues those deliveries)");
+                        }
                     }
                 }
                 Event::Next(Some(Err(e))) => {
                     stream_done = true;
                     if !draining {
                         stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                        ended.notify_one();
                     }
                     warn!(queue = %queue, error = %e, "the consumer's stream failed; no more deliveries are taken from it");
                 }

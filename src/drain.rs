@@ -19,7 +19,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_layers::{InFlightCounter, PauseHandle};
@@ -38,6 +38,7 @@ use crate::publisher::Publisher;
 /// moves on (a broker that went away must not hold the process).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+#[derive(Clone)]
 pub(crate) struct QueueHandle {
     pub(crate) name: String,
     pub(crate) channel: Channel,
@@ -46,18 +47,48 @@ pub(crate) struct QueueHandle {
     pub(crate) stats: Arc<QueueStats>,
 }
 
+/// The live connection and the consumers on it; the reconnect supervisor
+/// replaces both after a connection loss. The drain reads them once, after
+/// it has begun (under the lock, so no new generation can start after it).
+pub(crate) struct Link {
+    pub(crate) connection: Mutex<Arc<Connection>>,
+    pub(crate) queues: Mutex<Vec<QueueHandle>>,
+}
+
+impl Link {
+    pub(crate) fn new(connection: Arc<Connection>) -> Self {
+        Link {
+            connection: Mutex::new(connection),
+            queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn connection(&self) -> Arc<Connection> {
+        self.connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn queues(&self) -> Vec<QueueHandle> {
+        self.queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 /// Coordinates the stop. Built by the runner; see the module docs.
 #[must_use = "a Drain does nothing until it is run"]
 pub struct Drain {
     pub(crate) health: Health,
-    pub(crate) queues: Vec<QueueHandle>,
+    pub(crate) link: Arc<Link>,
     pub(crate) intake: CancellationToken,
     pub(crate) draining: CancellationToken,
     pub(crate) root: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) in_flight: InFlightCounter,
     pub(crate) publisher: Publisher,
-    pub(crate) connection: Arc<Connection>,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) abandon_after: Duration,
 }
@@ -67,7 +98,12 @@ impl fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field(
                 "queues",
-                &self.queues.iter().map(|q| &q.name).collect::<Vec<_>>(),
+                &self
+                    .link
+                    .queues()
+                    .iter()
+                    .map(|q| q.name.clone())
+                    .collect::<Vec<_>>(),
             )
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("abandon_after", &self.abandon_after)
@@ -211,10 +247,14 @@ impl Drain {
         // 1. Readiness off; in-process backoffs stop waiting.
         self.health.set_draining();
         self.draining.cancel();
+        // No new generation of consumers starts after this read (the
+        // reconnect supervisor checks `draining` under the same lock).
+        let queues = self.link.queues();
+        let connection = self.link.connection();
         // 2. Stop intake everywhere at once: the loops start no new handler
         // (`hand_back`) and the broker stops sending.
         self.intake.cancel();
-        let cancels = join_all(self.queues.iter().map(|q| async move {
+        let cancels = join_all(queues.iter().map(|q| async move {
             if q.channel.status().connected() {
                 if let Err(e) = q.channel.basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default()).await {
                     warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
@@ -228,7 +268,7 @@ impl Drain {
         // that `handle_buffered` can handle what the stream still yields (a
         // `hand_back` loop no longer calls its stack). Every gate closes at
         // the deadline.
-        for q in &self.queues {
+        for q in &queues {
             q.stats.consumer_cancelled.cancel();
             if q.gate.is_paused() {
                 q.gate.close();
@@ -257,7 +297,7 @@ impl Drain {
                 self.in_flight.total(),
                 self.abandon_after
             );
-            for q in &self.queues {
+            for q in &queues {
                 q.gate.close();
             }
             self.root.cancel();
@@ -267,17 +307,16 @@ impl Drain {
                 timeout = Some((kind, in_flight));
             }
         }
-        let abandoned: usize = self
-            .queues
+        let abandoned: usize = queues
             .iter()
             .map(|q| q.stats.abandoned.load(Ordering::Relaxed))
             .sum::<usize>()
             + self.in_flight.total();
         // 5. Close consumer channels, then the publisher, then the connection.
-        for q in &self.queues {
+        for q in &queues {
             q.gate.close();
         }
-        join_all(self.queues.iter().map(|q| async move {
+        join_all(queues.iter().map(|q| async move {
             if q.channel.status().connected() {
                 let _ =
                     tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into())).await;
@@ -285,16 +324,14 @@ impl Drain {
         }))
         .await;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.publisher.close()).await;
-        if self.connection.status().connected() {
-            let _ =
-                tokio::time::timeout(CLOSE_TIMEOUT, self.connection.close(200, "OK".into())).await;
+        if connection.status().connected() {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into())).await;
         }
         self.health.set_connected(false);
         // 6. Report.
         let report = DrainReport {
             duration: start.elapsed(),
-            queues: self
-                .queues
+            queues: queues
                 .iter()
                 .map(|q| QueueDrain {
                     name: q.name.clone(),

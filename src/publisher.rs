@@ -63,7 +63,6 @@ impl Publisher {
 
     /// Moves the publisher to a new connection (after a reconnect); its
     /// channel is reopened there on the next publish.
-    #[allow(dead_code)] // used by the reconnect supervisor (in progress)
     pub(crate) fn set_connection(&self, connection: Arc<Connection>) {
         *self
             .inner
