@@ -76,20 +76,29 @@ impl Service<(Order, CancellationToken)> for OrderService {
     }
 }
 
-async fn post_order(State(svc): State<OrderService>, Json(order): Json<Order>) -> (StatusCode, String) {
+async fn post_order(
+    State(svc): State<OrderService>,
+    Json(order): Json<Order>,
+) -> (StatusCode, String) {
     let id = order.id.clone();
     // HTTP requests are not cancelled by the drain: axum's graceful shutdown
     // waits for them (bounded by HTTP_GRACE).
     match svc.oneshot((order, CancellationToken::new())).await {
         Ok(()) => (StatusCode::OK, format!("order {id} handled\n")),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("order {id} failed: {e}\n")),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("order {id} failed: {e}\n"),
+        ),
     }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let mut http: SocketAddr = ([127, 0, 0, 1], 3000).into();
@@ -97,7 +106,11 @@ async fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match (a.as_str(), args.next()) {
-            ("--http", Some(v)) => http = v.parse().expect("--http takes an address such as 127.0.0.1:3000"),
+            ("--http", Some(v)) => {
+                http = v
+                    .parse()
+                    .expect("--http takes an address such as 127.0.0.1:3000")
+            }
             ("--config", Some(v)) => config_path = v,
             _ => {
                 eprintln!("usage: axum_side_by_side [--http ADDR] [--config FILE]");
@@ -120,12 +133,18 @@ async fn main() -> ExitCode {
         tower::service_fn(move |d: Delivery| {
             let orders = orders.clone();
             async move {
-                let order: Order = serde_json::from_slice(d.body()).map_err(|e| Reject::new(format!("not an order: {e}")))?;
+                let order: Order = serde_json::from_slice(d.body())
+                    .map_err(|e| Reject::new(format!("not an order: {e}")))?;
                 orders.oneshot((order, d.token().clone())).await
             }
         })
     };
-    let running = match App::new(config).connection_name("acemq-axum-side-by-side").consume(QUEUE, consumer_side).start().await {
+    let running = match App::new(config)
+        .connection_name("acemq-axum-side-by-side")
+        .consume(QUEUE, consumer_side)
+        .start()
+        .await
+    {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };
@@ -136,7 +155,9 @@ async fn main() -> ExitCode {
     {
         let (stop, hurry) = (stop.clone(), hurry.clone());
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
             for _ in 0..2 {
                 tokio::select! {
                     _ = term.recv() => {}
@@ -161,7 +182,16 @@ async fn main() -> ExitCode {
             "/readyz",
             get(move || {
                 let snap = health.snapshot();
-                async move { (if snap.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(snap)) }
+                async move {
+                    (
+                        if snap.ready {
+                            StatusCode::OK
+                        } else {
+                            StatusCode::SERVICE_UNAVAILABLE
+                        },
+                        Json(snap),
+                    )
+                }
             }),
         )
         .with_state(orders.clone());
@@ -173,7 +203,11 @@ async fn main() -> ExitCode {
         }
     };
     info!(%http, "serving POST /orders, /healthz, /readyz");
-    let server = tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(http_stop.clone().cancelled_owned()).into_future());
+    let server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(http_stop.clone().cancelled_owned())
+            .into_future(),
+    );
 
     // A publisher outside any handler: one order a second until the stop.
     let publisher_stop = CancellationToken::new();
@@ -189,7 +223,10 @@ async fn main() -> ExitCode {
                 }
                 n += 1;
                 let body = format!(r#"{{"id":"bg-{n}","work_ms":200}}"#);
-                if let Err(e) = p.publish("", QUEUE, body.as_bytes(), BasicProperties::default()).await {
+                if let Err(e) = p
+                    .publish("", QUEUE, body.as_bytes(), BasicProperties::default())
+                    .await
+                {
                     warn!(error = %e, "background publish failed");
                 }
             }
@@ -208,6 +245,9 @@ async fn main() -> ExitCode {
         Err(_) => warn!("axum did not finish within {HTTP_GRACE:?}; draining the consumers anyway"),
     }
     let result = running.drain_with(hurry.cancelled_owned()).await;
-    info!(handled = orders.handled.load(Ordering::Relaxed), "orders handled in all");
+    info!(
+        handled = orders.handled.load(Ordering::Relaxed),
+        "orders handled in all"
+    );
     acemq::app::finish(result)
 }

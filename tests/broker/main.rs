@@ -5,11 +5,11 @@
 
 mod support;
 
-mod round_trip;
 mod bad_input;
 mod config_load;
 mod dead_letter;
-mod retry;
-mod topology;
 mod drain;
 mod process;
+mod retry;
+mod round_trip;
+mod topology;
