@@ -60,6 +60,7 @@ struct Outcomes {
     rejected: Counter,
     handed_back: Counter,
     abandoned: Counter,
+    duration: metrics::Histogram,
 }
 
 impl Outcomes {
@@ -72,6 +73,7 @@ impl Outcomes {
             rejected: c("rejected-to-dlx"),
             handed_back: c("handed-back"),
             abandoned: c("abandoned"),
+            duration: metrics::histogram!("acemq.handler.duration", "queue" => queue.to_owned()),
         }
     }
 }
@@ -94,7 +96,7 @@ pub(crate) struct ConsumerLoop<S> {
 
 #[allow(clippy::large_enum_variant)] // transient, on the stack, never stored
 enum Event {
-    Handled((Decision, Acker)),
+    Handled((Decision, Acker, std::time::Instant)),
     Settled,
     IntakeStopped,
     ConsumerCancelled,
@@ -148,7 +150,8 @@ where
                 else => break,
             };
             match event {
-                Event::Handled((decision, acker)) => {
+                Event::Handled((decision, acker, started)) => {
+                    outcomes.duration.record(started.elapsed().as_secs_f64());
                     stats.handled.fetch_add(1, Ordering::Relaxed);
                     // `intake`, not `draining`: the loop may see this handler
                     // end before it sees the drain begin. A hand-back (a
@@ -254,6 +257,7 @@ where
                             span.record("messaging.message.id", id.as_str());
                         }
                     }
+                    let started = std::time::Instant::now();
                     let fut = service.call(delivery);
                     let q = queue.clone();
                     handlers.push(
@@ -270,7 +274,7 @@ where
                                     })
                                 }
                             };
-                            (decision, acker)
+                            (decision, acker, started)
                         }
                         .instrument(span),
                     );

@@ -166,6 +166,7 @@ async fn publish<P: Publish, C>(
             .increment(1);
             tracing::info!(
                 queue = %delivery.queue(),
+                message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
                 dlq = %dlq,
                 reason = %decision.reason,
                 attempts = decision.attempts,

@@ -211,12 +211,13 @@ where
             "where" => "process"
         )
         .increment(1);
-        tracing::debug!(
+        tracing::info!(
             queue = %delivery.queue(),
+            message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
             attempt,
             next,
             ?wait,
-            "delivery failed; retrying in process: {error}"
+            "retry scheduled here (in process): {error}"
         );
 
         let drained = {
@@ -310,11 +311,12 @@ fn scheduled_on_rung(delivery: &Delivery, next: u32, delay: Duration, rung: Stri
         "where" => "broker"
     )
     .increment(1);
-    tracing::debug!(
+    tracing::info!(
         queue = %delivery.queue(),
+        message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
         next,
         rung = %rung,
-        "retry scheduled on its rung"
+        "retry scheduled on its rung in the broker"
     );
     Decision::Retry(RetryDecision {
         attempt: next,
