@@ -424,6 +424,11 @@ fn install(
     }
     let mut handles = Vec::new();
     for (handle, fut) in generation {
+        // Loops of the old connection stop speaking for this queue.
+        handle
+            .stats
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         handle
             .stats
             .cancelled_by_broker

@@ -43,6 +43,9 @@ pub(crate) struct QueueStats {
     pub(crate) dead_lettered: AtomicUsize,
     /// Handlers abandoned after ignoring cancellation.
     pub(crate) abandoned: AtomicUsize,
+    /// Which connection's consumer is the live one (bumped by each reconnect);
+    /// a loop of an older connection must not flip readiness.
+    pub(crate) generation: std::sync::atomic::AtomicU64,
     /// Whether the broker cancelled this consumer (queue deleted).
     pub(crate) cancelled_by_broker: AtomicBool,
     /// Cancelled by the drain once `basic.cancel` has been answered (or has
@@ -123,6 +126,9 @@ where
             ended,
         } = self;
         let outcomes = Outcomes::new(&queue);
+        // Read on the first poll, after `install` bumped the generation.
+        let generation = stats.generation.load(Ordering::Acquire);
+        let is_live = || stats.generation.load(Ordering::Acquire) == generation;
         let mut handlers = FuturesUnordered::new();
         let mut settles = FuturesUnordered::new();
         let mut draining = false;
@@ -202,7 +208,7 @@ where
                 }
                 Event::Next(None) => {
                     stream_done = true;
-                    if !draining {
+                    if !draining && is_live() {
                         stats.cancelled_by_broker.store(true, Ordering::Relaxed);
                         ended.notify_one();
                         if channel.status().connected() {
@@ -214,7 +220,7 @@ where
                 }
                 Event::Next(Some(Err(e))) => {
                     stream_done = true;
-                    if !draining {
+                    if !draining && is_live() {
                         stats.cancelled_by_broker.store(true, Ordering::Relaxed);
                         ended.notify_one();
                     }

@@ -347,3 +347,335 @@ pub async fn connection_listed(name: &str) -> bool {
     );
     String::from_utf8_lossy(&out.stdout).contains(&format!("\"{name}\""))
 }
+
+// ---- Helpers for the reliability tests: logs, CPU time, the shop process.
+
+/// Records the level, target and text of every event seen by the subscriber
+/// it is installed in (use `tracing::subscriber::set_default` in a
+/// `current_thread` test, so the runner's tasks log to it).
+#[derive(Clone, Default)]
+pub struct CapturedLogs(
+    pub std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String, String)>>>,
+);
+
+impl CapturedLogs {
+    /// Every event so far: (level, target, text with its fields).
+    pub fn events(&self) -> Vec<(tracing::Level, String, String)> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Events from acemq (its crates' targets) at `level` or more severe.
+    pub fn acemq_at_least(&self, level: tracing::Level) -> Vec<(tracing::Level, String, String)> {
+        self.events()
+            .into_iter()
+            .filter(|(l, target, _)| *l <= level && target.starts_with("acemq"))
+            .collect()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CapturedLogs {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write;
+                let _ = write!(self.0, " {}={:?}", field.name(), value);
+            }
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        self.0.lock().unwrap().push((
+            *event.metadata().level(),
+            event.metadata().target().to_owned(),
+            text.0,
+        ));
+    }
+}
+
+/// CPU time used so far by the calling thread (Linux: the first field of
+/// `/proc/thread-self/schedstat`, in nanoseconds).
+pub fn thread_cpu_time() -> Duration {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("/proc/thread-self/schedstat is readable (Linux)");
+    let ns: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|f| f.parse().ok())
+        .expect("schedstat starts with the CPU time in ns");
+    Duration::from_nanos(ns)
+}
+
+/// The `shop` example binary, built once per test run.
+pub fn shop_binary() -> &'static std::path::PathBuf {
+    static SHOP: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SHOP.get_or_init(|| {
+        // The test binary is <target>/<profile>/deps/broker-<hash>; the
+        // example goes to <target>/<profile>/examples/shop.
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("<target>/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("<target>");
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .args(["build", "--example", "shop", "--target-dir"])
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo build --example shop runs");
+        assert!(status.success(), "cargo build --example shop failed");
+        let shop = profile_dir.join("examples").join("shop");
+        assert!(shop.exists(), "no shop binary at {}", shop.display());
+        shop
+    })
+}
+
+/// A shop process: `shop --config FILE --no-seed --queue Q --http ADDR`,
+/// its stdout and stderr collected line by line (ANSI escapes removed). The
+/// config file is removed when it is dropped; the process is killed.
+pub struct ShopProcess {
+    child: tokio::process::Child,
+    pub pid: u32,
+    http: String,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    config: std::path::PathBuf,
+}
+
+impl ShopProcess {
+    /// Writes `yaml` to a config file named after `q` and starts the shop on
+    /// `q` with it; `envs` are set after `RUST_LOG` is removed.
+    pub fn spawn(q: &str, yaml: &str, envs: &[(&str, &str)]) -> ShopProcess {
+        let config = std::env::temp_dir().join(format!("{q}.yaml"));
+        std::fs::write(&config, yaml).expect("write the config");
+        let http = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").to_string()
+        };
+        let mut cmd = tokio::process::Command::new(shop_binary());
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["--no-seed", "--queue", q, "--http", &http])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("the shop starts");
+        let pid = child.id().expect("a pid");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let readers = vec![
+            collect_lines(child.stderr.take().expect("stderr"), stderr.clone()),
+            collect_lines(child.stdout.take().expect("stdout"), stdout.clone()),
+        ];
+        ShopProcess {
+            child,
+            pid,
+            http,
+            stderr,
+            stdout,
+            readers,
+            config,
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// `GET /readyz`: (HTTP status, JSON body), or `None` when nothing answers.
+    pub async fn readyz(&self) -> Option<(u16, serde_json::Value)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.http).await.ok()?;
+        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: shop\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split("\r\n\r\n").nth(1)?;
+        Some((status, serde_json::from_str(body).ok()?))
+    }
+
+    /// Waits (bounded) until `/readyz` reports ready.
+    pub async fn wait_ready(&self) {
+        let ok = eventually(Duration::from_secs(15), || async {
+            matches!(self.readyz().await, Some((200, _)))
+        })
+        .await;
+        assert!(
+            ok,
+            "the shop never became ready; stderr:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits (bounded) until `/readyz` reports `n` handlers in flight.
+    pub async fn wait_in_flight(&self, n: u64) {
+        let ok = eventually(Duration::from_secs(10), || async {
+            self.readyz()
+                .await
+                .and_then(|(_, j)| j["queues"][0]["in_flight"].as_u64())
+                == Some(n)
+        })
+        .await;
+        assert!(ok, "never {n} in flight; stderr:\n{}", self.stderr());
+    }
+
+    /// Waits (up to `within`) until stderr contains `needle`.
+    pub async fn wait_stderr(&self, needle: &str, within: Duration) {
+        let ok = eventually(within, || async { self.stderr().contains(needle) }).await;
+        assert!(
+            ok,
+            "stderr never said {needle:?} within {within:?}; stderr:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Sends `sig` (e.g. `-TERM`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([sig, &self.pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {sig} {} failed", self.pid);
+    }
+
+    /// Waits (up to `within`) for the process to exit and its output to be
+    /// read to the end.
+    pub async fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
+        let status = match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(s) => s.expect("wait"),
+            Err(_) => panic!(
+                "the shop did not exit within {within:?}; stderr:\n{}",
+                self.stderr()
+            ),
+        };
+        for r in self.readers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+        }
+        status
+    }
+}
+
+impl Drop for ShopProcess {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+fn collect_lines(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    into: std::sync::Arc<std::sync::Mutex<String>>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncBufReadExt;
+    tokio::spawn(async move {
+        // Bytes, not `lines()`: a line that is not UTF-8 must not stop the
+        // reading (the child would block on a full pipe).
+        let mut reader = tokio::io::BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf);
+                    let mut s = into.lock().unwrap();
+                    s.push_str(&strip_ansi_codes(line.trim_end_matches('\n')));
+                    s.push('\n');
+                }
+            }
+        }
+    })
+}
+
+fn strip_ansi_codes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... final byte in @..~
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+// ---- Helpers for the soak (tests/broker/soak.rs).
+
+/// `(messages_ready, messages_unacknowledged)` of `queue` as
+/// `rabbitmqctl list_queues` reports them; `None` when it is not listed.
+pub async fn queue_counts(queue: &str) -> Option<(u64, u64)> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut f = l.split('\t');
+        if f.next()? != queue {
+            return None;
+        }
+        Some((
+            f.next()?.trim().parse().ok()?,
+            f.next()?.trim().parse().ok()?,
+        ))
+    })
+}
+
+/// Deletes its queues when dropped, also when the test failed half-way (on
+/// a thread of its own with its own runtime: `Drop` cannot await).
+pub struct QueueCleanup(pub Vec<String>);
+
+impl QueueCleanup {
+    pub fn new(queues: Vec<String>) -> Self {
+        QueueCleanup(queues)
+    }
+}
+
+impl Drop for QueueCleanup {
+    fn drop(&mut self) {
+        let queues = std::mem::take(&mut self.0);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the cleanup");
+            rt.block_on(async {
+                Broker::new().await.delete(&queues).await;
+            });
+        })
+        .join();
+    }
+}
