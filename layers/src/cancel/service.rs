@@ -1,5 +1,6 @@
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,6 +21,13 @@ use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
 pub struct Cancel<S> {
     inner: S,
     root: CancellationToken,
+    // A child of `root` that lives as long as this service and its clones.
+    // tokio-util frees a token's list of children when the last child is
+    // dropped; this one keeps the list alive, so a request's child token
+    // costs one allocation (its node), not two (node and list). Shared by
+    // an `Arc` so cloning the service (the retry layer does, per request)
+    // takes no lock.
+    _keep: Arc<CancellationToken>,
     abandon_after: Duration,
 }
 
@@ -29,6 +37,7 @@ impl<S> Cancel<S> {
     pub fn new(inner: S, root: CancellationToken) -> Self {
         Cancel {
             inner,
+            _keep: Arc::new(root.child_token()),
             root,
             abandon_after: DEFAULT_ABANDON_AFTER,
         }
