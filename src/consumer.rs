@@ -4,9 +4,11 @@
 //! handler's concurrency slot is released when the handler returns, before
 //! its settle is awaited, and the stream is never serialised behind settles.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
 
 use acemq_layers::{BoxError, Decision, Delivery};
 use futures::stream::FuturesUnordered;
@@ -97,21 +99,22 @@ pub(crate) struct ConsumerLoop<S> {
     pub(crate) ended: Arc<tokio::sync::Notify>,
 }
 
-#[allow(clippy::large_enum_variant)] // transient, on the stack, never stored
-enum Event {
-    Handled((Decision, Acker, std::time::Instant)),
-    Settled,
-    IntakeStopped,
-    ConsumerCancelled,
-    Ready(Result<(), BoxError>),
-    Next(Option<lapin::Result<lapin::message::Delivery>>),
-}
+/// How many deliveries one poll of the loop may move along before it yields
+/// to the runtime (so a busy stream cannot starve other tasks).
+const POLL_BUDGET: usize = 64;
 
 impl<S> ConsumerLoop<S>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError> + Send + 'static,
     S::Future: Send + 'static,
 {
+    /// Runs until the stream has ended and every handler and settle is done.
+    ///
+    /// One hand-written poll drives everything: finished handlers are turned
+    /// into settles at once, settles complete in the background of the same
+    /// task, and the stream is read whenever a concurrency slot is free and
+    /// the service is ready. Each waker is registered once per poll, not once
+    /// per event.
     pub(crate) async fn run(self) {
         let ConsumerLoop {
             queue,
@@ -134,170 +137,214 @@ where
         let mut draining = false;
         let mut stream_done = false;
         let mut ready = false;
+        let stop = intake.cancelled();
+        let cancel_answered = stats.consumer_cancelled.cancelled();
+        tokio::pin!(stop, cancel_answered);
 
-        loop {
-            let hand_back_now = draining && policy == PrefetchPolicy::HandBack;
-            // Handing back waits for the consumer's cancel to be answered.
-            let cancel_answered = stats.consumer_cancelled.is_cancelled();
-            let want = !stream_done
-                && if hand_back_now {
-                    cancel_answered
-                } else {
-                    handlers.len() < concurrency
-                };
-            let event = tokio::select! {
-                biased;
-                Some(handled) = handlers.next(), if !handlers.is_empty() => Event::Handled(handled),
-                Some(()) = settles.next(), if !settles.is_empty() => Event::Settled,
-                () = intake.cancelled(), if !draining && !stream_done => Event::IntakeStopped,
-                () = stats.consumer_cancelled.cancelled(), if hand_back_now && !cancel_answered && !stream_done => Event::ConsumerCancelled,
-                r = poll_fn(|cx| service.poll_ready(cx)), if want && !ready && !hand_back_now => Event::Ready(r),
-                next = consumer.next(), if want && (ready || hand_back_now) => Event::Next(next),
-                else => break,
-            };
-            match event {
-                Event::Handled((decision, acker, started)) => {
-                    outcomes.duration.record(started.elapsed().as_secs_f64());
-                    stats.handled.fetch_add(1, Ordering::Relaxed);
-                    // `intake`, not `draining`: the loop may see this handler
-                    // end before it sees the drain begin. A hand-back (a
-                    // closed gate, a cancelled handler) or an abandonment is
-                    // not a handler that finished its work.
-                    if intake.is_cancelled()
-                        && !matches!(decision, Decision::HandBack | Decision::Abandoned)
-                    {
-                        stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
-                    }
-                    match &decision {
-                        Decision::Ack => outcomes.ack.increment(1),
-                        Decision::Retry(_) => {
-                            stats.retried.fetch_add(1, Ordering::Relaxed);
-                            outcomes.retry.increment(1)
+        poll_fn(|cx| {
+            let mut budget = POLL_BUDGET;
+            loop {
+                let mut progressed = false;
+                // Finished handlers: record, then settle (without waiting).
+                while let Poll::Ready(Some((decision, acker, started))) =
+                    handlers.poll_next_unpin(cx)
+                {
+                    progressed = true;
+                    record(&outcomes, &stats, &intake, &decision, started);
+                    settles.push(settle(&channel, acker, decision, &queue, dead_letter));
+                }
+                while let Poll::Ready(Some(())) = settles.poll_next_unpin(cx) {
+                    progressed = true;
+                }
+                if !draining && !stream_done && stop.as_mut().poll(cx).is_ready() {
+                    draining = true;
+                    progressed = true;
+                }
+                let hand_back_now = draining && policy == PrefetchPolicy::HandBack;
+                // Handing back waits for the consumer's cancel to be answered:
+                // a delivery requeued while the consumer is still registered
+                // would be sent straight back.
+                let want = !stream_done
+                    && if hand_back_now {
+                        cancel_answered.as_mut().poll(cx).is_ready()
+                    } else {
+                        handlers.len() < concurrency
+                    };
+                if want && !ready && !hand_back_now {
+                    match service.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => ready = true,
+                        Poll::Ready(Err(e)) => {
+                            error!(queue = %queue, error = %e, "the handler service failed; the consumer stops taking deliveries");
+                            stream_done = true;
+                            progressed = true;
                         }
-                        Decision::DeadLetter(d) => {
-                            stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                            if d.published {
-                                outcomes.dead_lettered.increment(1)
-                            } else {
-                                outcomes.rejected.increment(1)
+                        Poll::Pending => {}
+                    }
+                }
+                if want && (ready || hand_back_now) {
+                    if let Poll::Ready(next) = consumer.poll_next_unpin(cx) {
+                        progressed = true;
+                        match next {
+                            None => {
+                                stream_done = true;
+                                if !draining && is_live() {
+                                    stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                                    ended.notify_one();
+                                    if channel.status().connected() {
+                                        warn!(queue = %queue, "the broker cancelled this consumer (was the queue deleted?); readiness is off and no more deliveries are taken from it");
+                                    } else {
+                                        warn!(queue = %queue, "the consumer's channel closed; handlers still running finish, their settles are skipped (the broker requeues those deliveries)");
+                                    }
+                                }
+                            }
+                            Some(Err(e)) => {
+                                stream_done = true;
+                                if !draining && is_live() {
+                                    stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                                    ended.notify_one();
+                                }
+                                warn!(queue = %queue, error = %e, "the consumer's stream failed; no more deliveries are taken from it");
+                            }
+                            Some(Ok(raw)) if hand_back_now => {
+                                stats.buffered_after_cancel.fetch_add(1, Ordering::Relaxed);
+                                stats.handed_back.fetch_add(1, Ordering::Relaxed);
+                                outcomes.handed_back.increment(1);
+                                settles.push(settle(
+                                    &channel,
+                                    raw.acker,
+                                    Decision::HandBack,
+                                    &queue,
+                                    dead_letter,
+                                ));
+                            }
+                            Some(Ok(raw)) => {
+                                if draining && stats.consumer_cancelled.is_cancelled() {
+                                    stats.buffered_after_cancel.fetch_add(1, Ordering::Relaxed);
+                                }
+                                ready = false;
+                                handlers.push(start_handler(&mut service, &queue, raw));
                             }
                         }
-                        Decision::Abandoned => {
-                            stats.abandoned.fetch_add(1, Ordering::Relaxed);
-                            outcomes.abandoned.increment(1)
-                        }
-                        _ => {
-                            stats.handed_back.fetch_add(1, Ordering::Relaxed);
-                            outcomes.handed_back.increment(1)
-                        }
-                    }
-                    settles.push(settle(
-                        channel.clone(),
-                        acker,
-                        decision,
-                        queue.clone(),
-                        dead_letter,
-                    ));
-                }
-                Event::Settled | Event::ConsumerCancelled => {}
-                Event::IntakeStopped => draining = true,
-                Event::Ready(Ok(())) => ready = true,
-                Event::Ready(Err(e)) => {
-                    error!(queue = %queue, error = %e, "the handler service failed; the consumer stops taking deliveries");
-                    stream_done = true;
-                }
-                Event::Next(None) => {
-                    stream_done = true;
-                    if !draining && is_live() {
-                        stats.cancelled_by_broker.store(true, Ordering::Relaxed);
-                        ended.notify_one();
-                        if channel.status().connected() {
-                            warn!(queue = %queue, "the broker cancelled this consumer (was the queue deleted?); readiness is off and no more deliveries are taken from it");
-                        } else {
-                            warn!(queue = %queue, "the consumer's channel closed; handlers still running finish, their settles are skipped (the broker requeues those deliveries)");
-                        }
                     }
                 }
-                Event::Next(Some(Err(e))) => {
-                    stream_done = true;
-                    if !draining && is_live() {
-                        stats.cancelled_by_broker.store(true, Ordering::Relaxed);
-                        ended.notify_one();
-                    }
-                    warn!(queue = %queue, error = %e, "the consumer's stream failed; no more deliveries are taken from it");
+                if stream_done && handlers.is_empty() && settles.is_empty() {
+                    return Poll::Ready(());
                 }
-                Event::Next(Some(Ok(raw))) => {
-                    if draining && stats.consumer_cancelled.is_cancelled() {
-                        stats.buffered_after_cancel.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if hand_back_now {
-                        stats.handed_back.fetch_add(1, Ordering::Relaxed);
-                        outcomes.handed_back.increment(1);
-                        settles.push(settle(
-                            channel.clone(),
-                            raw.acker,
-                            Decision::HandBack,
-                            queue.clone(),
-                            dead_letter,
-                        ));
-                        continue;
-                    }
-                    ready = false;
-                    let span = tracing::info_span!(
-                        "acemq.process",
-                        otel.name = %format_args!("{} process", queue),
-                        messaging.system = "rabbitmq",
-                        messaging.operation.type = "process",
-                        messaging.destination.name = raw.exchange.as_str(),
-                        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
-                        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
-                        messaging.message.id = tracing::field::Empty,
-                        acemq.queue = %queue,
-                        acemq.attempt = tracing::field::Empty,
-                        acemq.redelivered = raw.redelivered,
-                    );
-                    let (delivery, acker) = span.in_scope(|| delivery_from_lapin(&queue, raw));
-                    if !span.is_disabled() {
-                        span.record("acemq.attempt", delivery.attempt());
-                        if let Some(id) = &delivery.properties().message_id {
-                            span.record("messaging.message.id", id.as_str());
-                        }
-                    }
-                    let started = std::time::Instant::now();
-                    let fut = service.call(delivery);
-                    let q = queue.clone();
-                    handlers.push(
-                        async move {
-                            let decision = match fut.await {
-                                Ok(d) => d,
-                                Err(e) => {
-                                    error!(queue = %q, error = %e, "the handler stack returned an error instead of a decision; rejecting the delivery without requeue");
-                                    Decision::DeadLetter(acemq_layers::DeadLetterDecision {
-                                        reason: acemq_layers::Reason::Rejected,
-                                        error: e.to_string(),
-                                        attempts: 0,
-                                        published: false,
-                                    })
-                                }
-                            };
-                            (decision, acker, started)
-                        }
-                        .instrument(span),
-                    );
+                if !progressed {
+                    return Poll::Pending;
+                }
+                budget -= 1;
+                if budget == 0 {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
             }
-        }
+        })
+        .await;
         debug!(queue = %queue, "consumer loop finished");
     }
+}
+
+/// Updates the counters and metrics for a finished handler.
+fn record(
+    outcomes: &Outcomes,
+    stats: &QueueStats,
+    intake: &CancellationToken,
+    decision: &Decision,
+    started: Instant,
+) {
+    outcomes.duration.record(started.elapsed().as_secs_f64());
+    stats.handled.fetch_add(1, Ordering::Relaxed);
+    // `intake`, not the loop's own flag: the loop may see this handler end
+    // before it sees the drain begin. A hand-back (a closed gate, a cancelled
+    // handler) or an abandonment is not a handler that finished its work.
+    if intake.is_cancelled() && !matches!(decision, Decision::HandBack | Decision::Abandoned) {
+        stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
+    }
+    match decision {
+        Decision::Ack => outcomes.ack.increment(1),
+        Decision::Retry(_) => {
+            stats.retried.fetch_add(1, Ordering::Relaxed);
+            outcomes.retry.increment(1)
+        }
+        Decision::DeadLetter(d) => {
+            stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            if d.published {
+                outcomes.dead_lettered.increment(1)
+            } else {
+                outcomes.rejected.increment(1)
+            }
+        }
+        Decision::Abandoned => {
+            stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            outcomes.abandoned.increment(1)
+        }
+        _ => {
+            stats.handed_back.fetch_add(1, Ordering::Relaxed);
+            outcomes.handed_back.increment(1)
+        }
+    }
+}
+
+/// Turns a lapin delivery into a request, calls the stack, and returns the
+/// future that yields the decision with the acker (inside the delivery's
+/// span).
+fn start_handler<S>(
+    service: &mut S,
+    queue: &Arc<str>,
+    raw: lapin::message::Delivery,
+) -> impl Future<Output = (Decision, Acker, Instant)> + Send + 'static
+where
+    S: Service<Delivery, Response = Decision, Error = BoxError>,
+    S::Future: Send + 'static,
+{
+    let span = tracing::info_span!(
+        "acemq.process",
+        otel.name = %format_args!("{} process", queue),
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "process",
+        messaging.destination.name = raw.exchange.as_str(),
+        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
+        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
+        messaging.message.id = tracing::field::Empty,
+        acemq.queue = %queue,
+        acemq.attempt = tracing::field::Empty,
+        acemq.redelivered = raw.redelivered,
+    );
+    let (delivery, acker) = span.in_scope(|| delivery_from_lapin(queue, raw));
+    if !span.is_disabled() {
+        span.record("acemq.attempt", delivery.attempt());
+        if let Some(id) = &delivery.properties().message_id {
+            span.record("messaging.message.id", id.as_str());
+        }
+    }
+    let started = Instant::now();
+    let fut = service.call(delivery);
+    async move {
+        let decision = match fut.await {
+            Ok(d) => d,
+            Err(e) => {
+                error!(error = %e, "the handler stack returned an error instead of a decision; rejecting the delivery without requeue");
+                Decision::DeadLetter(acemq_layers::DeadLetterDecision {
+                    reason: acemq_layers::Reason::Rejected,
+                    error: e.to_string(),
+                    attempts: 0,
+                    published: false,
+                })
+            }
+        };
+        (decision, acker, started)
+    }
+    .instrument(span)
 }
 
 /// Carries out one decision on one delivery, exactly once. Settling on a
 /// closed channel is skipped: the broker has already requeued the delivery.
 pub(crate) async fn settle(
-    channel: Channel,
+    channel: &Channel,
     acker: Acker,
     decision: Decision,
-    queue: Arc<str>,
+    queue: &str,
     dead_letter: bool,
 ) {
     if !channel.status().connected() {
