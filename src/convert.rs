@@ -162,8 +162,8 @@ pub fn delivery_from_lapin(
         .body(d.data)
         .headers(headers)
         .properties(properties_from_lapin(&d.properties))
-        .exchange(d.exchange.as_str())
-        .routing_key(d.routing_key.as_str())
+        .exchange(String::from(d.exchange))
+        .routing_key(String::from(d.routing_key))
         .delivery_tag(d.delivery_tag)
         .redelivered(d.redelivered)
         .build();

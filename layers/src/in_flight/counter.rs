@@ -21,6 +21,9 @@ pub struct InFlightCounter {
 pub(crate) struct Shared {
     pub(crate) total: AtomicUsize,
     pub(crate) idle: Arc<Notify>,
+    /// Live `WaitIdle` futures: the last guard only touches the `Notify`
+    /// (which takes a lock) when someone waits.
+    pub(crate) waiters: AtomicUsize,
     queues: Mutex<Vec<Arc<Slot>>>,
 }
 
@@ -44,6 +47,7 @@ impl InFlightCounter {
             shared: Arc::new(Shared {
                 total: AtomicUsize::new(0),
                 idle: Arc::new(Notify::new()),
+                waiters: AtomicUsize::new(0),
                 queues: Mutex::new(Vec::new()),
             }),
         }
@@ -157,7 +161,9 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.slot.count.fetch_sub(1, Ordering::AcqRel);
-        if self.shared.total.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.shared.total.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.shared.waiters.load(Ordering::SeqCst) > 0
+        {
             self.shared.idle.notify_waiters();
         }
     }

@@ -65,13 +65,30 @@ pin_project! {
         shared: Arc<Shared>,
         #[pin]
         notified: OwnedNotified,
+        waiter: Waiter,
+    }
+}
+
+/// Counts a live `WaitIdle` (see `Shared::waiters`).
+struct Waiter(Arc<Shared>);
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl WaitIdle {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        // Created before the waiter is counted: a notification sent once
+        // the count is seen reaches this future even before its first poll.
         let notified = shared.idle.clone().notified_owned();
-        WaitIdle { shared, notified }
+        shared.waiters.fetch_add(1, Ordering::SeqCst);
+        WaitIdle {
+            waiter: Waiter(shared.clone()),
+            shared,
+            notified,
+        }
     }
 }
 
@@ -83,7 +100,7 @@ impl Future for WaitIdle {
         // Register before reading the count: a guard that brings the count
         // to 0 after the read then wakes this waiter.
         this.notified.as_mut().enable();
-        if this.shared.total.load(Ordering::Acquire) == 0 {
+        if this.shared.total.load(Ordering::SeqCst) == 0 {
             return Poll::Ready(());
         }
         // Woken only by the guard that brought the total to 0: resolve,
