@@ -252,6 +252,8 @@ async fn main() -> ExitCode {
         tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
     );
     let health = app.health();
+    // Before connecting: a SIGTERM during start-up is a clean stop too.
+    let signals = acemq::app::Signals::install();
     let running = match app.start().await {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
@@ -323,5 +325,5 @@ async fn main() -> ExitCode {
         }
     });
 
-    running.run().await
+    running.run_with(signals).await
 }

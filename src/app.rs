@@ -318,8 +318,11 @@ impl App {
 
     /// Runs until SIGTERM or SIGINT, then drains; see [`Running::run`].
     pub async fn run(self) -> ExitCode {
+        // Installed before connecting, so a SIGTERM during start-up is a
+        // clean stop too.
+        let signals = Signals::install();
         match self.start().await {
-            Ok(running) => running.run().await,
+            Ok(running) => running.run_with(signals).await,
             Err(e) => start_failed(&e),
         }
     }
@@ -538,6 +541,23 @@ pub fn finish(result: Result<DrainReport, DrainTimeout>) -> ExitCode {
     }
 }
 
+/// SIGTERM and SIGINT handlers that only push to a channel; the drain runs
+/// on the task that waits on them ([`Running::run_with`]).
+#[derive(Debug)]
+pub struct Signals {
+    rx: mpsc::UnboundedReceiver<&'static str>,
+}
+
+impl Signals {
+    /// Installs the handlers (needs a tokio runtime). From now on SIGTERM and
+    /// SIGINT no longer end the process by themselves.
+    pub fn install() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        spawn_signal_listener(tx);
+        Signals { rx }
+    }
+}
+
 fn spawn_signal_listener(tx: mpsc::UnboundedSender<&'static str>) {
     tokio::spawn(async move {
         #[cfg(unix)]
@@ -584,8 +604,13 @@ impl Running {
     /// drain skips straight to cancellation and abandon. The signal handlers
     /// only push to a channel; the drain runs on the task that called `run`.
     pub async fn run(self) -> ExitCode {
-        let (tx, mut rx) = mpsc::unbounded_channel::<&'static str>();
-        spawn_signal_listener(tx);
+        self.run_with(Signals::install()).await
+    }
+
+    /// As [`Running::run`], with signal handlers installed earlier (before
+    /// [`App::start`], so that a signal during start-up is not lost).
+    pub async fn run_with(self, signals: Signals) -> ExitCode {
+        let Signals { mut rx } = signals;
         let Some(sig) = rx.recv().await else {
             return finish(self.drain().await);
         };
