@@ -96,17 +96,8 @@ async fn busy(broker: &Broker) -> (f64, f64, f64) {
 
 fn main() {
     let runs: usize = support::env_or("ACEMQ_BENCH_DRAIN_RUNS", 7);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        println!(
-            "# drain latency: {} cores, RabbitMQ {}, {runs} runs each",
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            support::rabbitmq_version()
-        );
-        let broker = Broker::new().await;
+    support::runtime().block_on(async {
+        let broker = support::start("drain latency", &format!(", {runs} runs each")).await;
         let mut idle_ms = Vec::new();
         let (mut total, mut remaining, mut excess) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..runs {

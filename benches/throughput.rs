@@ -360,17 +360,8 @@ fn main() {
     // `cargo bench` passes `--bench`; this harness has no options.
     let n: u64 = support::env_or("ACEMQ_BENCH_N", 100_000);
     let rounds: usize = support::env_or("ACEMQ_BENCH_ROUNDS", 3);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        println!(
-            "# throughput: {} cores, RabbitMQ {}, {n} × {BODY_LEN} B",
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            support::rabbitmq_version()
-        );
-        let broker = Broker::new().await;
+    support::runtime().block_on(async {
+        let broker = support::start("throughput", &format!(", {n} × {BODY_LEN} B")).await;
         let shapes = std::env::var("ACEMQ_BENCH_SHAPES").unwrap_or_else(|_| "100x8,10x1".into());
         for shape in shapes.split(',') {
             let parsed = shape

@@ -173,6 +173,25 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// A multi-thread tokio runtime for a bench's `main`.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Prints the report's header, `# {title}: N cores, RabbitMQ V{details}`,
+/// and connects the [`Broker`].
+pub async fn start(title: &str, details: &str) -> Broker {
+    println!(
+        "# {title}: {} cores, RabbitMQ {}{details}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        rabbitmq_version()
+    );
+    Broker::new().await
+}
+
 /// `rabbitmqctl version`, or `unknown`.
 pub fn rabbitmq_version() -> String {
     std::process::Command::new("rabbitmqctl")

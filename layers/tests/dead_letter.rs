@@ -1,9 +1,8 @@
 //! The dead-letter layer, in memory.
 
-use std::collections::{HashMap, HashSet};
-use std::future::{ready, Future, Ready};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::future::{ready, Ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use acemq_layers::dead_letter::{
@@ -12,88 +11,14 @@ use acemq_layers::dead_letter::{
 };
 use acemq_layers::{
     BoxError, DeadLetterDecision, DeadLetterLayer, Decision, Delivery, HandlerPanic, Headers,
-    Outgoing, Properties, Publish, PublishError, Reason, Reject, RetryDecision, RetryLayer,
-    RetryPolicy, RetryVia, Value, ATTEMPT_HEADER,
+    Properties, Reason, Reject, RetryDecision, RetryLayer, RetryPolicy, RetryVia, Value,
+    ATTEMPT_HEADER,
 };
-use bytes::Bytes;
+use common::{Counters, FakePublisher};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 // ---------------------------------------------------------------- fakes
-
-/// A publish the fake accepted.
-#[derive(Debug, Clone)]
-struct Published {
-    queue: String,
-    headers: Headers,
-    body: Bytes,
-    properties: Properties,
-}
-
-#[derive(Default)]
-struct BrokerState {
-    published: Vec<Published>,
-    attempted: Vec<String>,
-    redeclared: Vec<String>,
-    /// Unroutable for good.
-    unroutable: HashSet<String>,
-    /// Unroutable until `redeclare` is called for it.
-    missing: HashSet<String>,
-    nacking: HashSet<String>,
-}
-
-/// Records every publish; queues can be unroutable, missing until
-/// redeclared, or nacking.
-#[derive(Clone, Default)]
-struct FakePublisher(Arc<Mutex<BrokerState>>);
-
-impl FakePublisher {
-    fn with(self, f: impl FnOnce(&mut BrokerState)) -> Self {
-        f(&mut self.0.lock().unwrap());
-        self
-    }
-    fn published(&self) -> Vec<Published> {
-        self.0.lock().unwrap().published.clone()
-    }
-    fn attempted(&self) -> Vec<String> {
-        self.0.lock().unwrap().attempted.clone()
-    }
-    fn redeclared(&self) -> Vec<String> {
-        self.0.lock().unwrap().redeclared.clone()
-    }
-}
-
-impl Publish for FakePublisher {
-    fn publish(
-        &self,
-        message: Outgoing<'_>,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        let mut s = self.0.lock().unwrap();
-        let queue = message.queue.to_owned();
-        s.attempted.push(queue.clone());
-        let result = if s.unroutable.contains(&queue) || s.missing.contains(&queue) {
-            Err(PublishError::Unroutable { queue })
-        } else if s.nacking.contains(&queue) {
-            Err(PublishError::Nacked { queue })
-        } else {
-            s.published.push(Published {
-                queue,
-                headers: message.headers,
-                body: message.delivery.body().clone(),
-                properties: message.delivery.properties().clone(),
-            });
-            Ok(())
-        };
-        ready(result)
-    }
-
-    fn redeclare(&self, queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send {
-        let mut s = self.0.lock().unwrap();
-        s.redeclared.push(queue.to_owned());
-        s.missing.remove(queue);
-        ready(Ok(()))
-    }
-}
 
 /// A handler that answers `result` every time.
 fn answering(
@@ -141,63 +66,6 @@ fn str_header<'a>(headers: &'a Headers, name: &str) -> &'a str {
         .get(name)
         .and_then(Value::as_str)
         .unwrap_or_else(|| panic!("no string header {name}"))
-}
-
-/// A metrics recorder that keeps counters as `name{k=v,..}` → value.
-#[derive(Default)]
-struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
-
-impl Counters {
-    fn get(&self, key: &str) -> u64 {
-        self.0
-            .lock()
-            .unwrap()
-            .get(key)
-            .map_or(0, |c| c.load(Ordering::SeqCst))
-    }
-}
-
-impl metrics::Recorder for Counters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
-        metrics::Counter::from_arc(counter)
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
 }
 
 // ---------------------------------------------------------------- tests

@@ -1,84 +1,21 @@
 //! The retry layer, in memory, on a paused clock.
 
-use std::collections::{HashMap, HashSet};
-use std::future::{ready, Future, Ready};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, DeadLetterDecision, Decision, Delivery, HandlerPanic, Headers, Outgoing, Publish,
-    PublishError, Reason, Reject, RetryDecision, RetryLayer, RetryPolicy, RetryVia, Value,
-    ATTEMPT_HEADER,
+    BoxError, DeadLetterDecision, Decision, Delivery, HandlerPanic, Headers, Reason, Reject,
+    RetryDecision, RetryLayer, RetryPolicy, RetryVia, Value, ATTEMPT_HEADER,
 };
+use common::{Counters, FakePublisher};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 
 // ---------------------------------------------------------------- fakes
-
-/// A publish the fake accepted.
-#[derive(Debug, Clone)]
-struct Published {
-    queue: String,
-    headers: Headers,
-}
-
-#[derive(Default)]
-struct BrokerState {
-    published: Vec<Published>,
-    attempted: Vec<String>,
-    unroutable: HashSet<String>,
-    nacking: HashSet<String>,
-}
-
-/// Records every publish; queues can be made unroutable or nacking.
-#[derive(Clone, Default)]
-struct FakePublisher(Arc<Mutex<BrokerState>>);
-
-impl FakePublisher {
-    fn unroutable(self, queue: &str) -> Self {
-        self.0.lock().unwrap().unroutable.insert(queue.to_owned());
-        self
-    }
-    fn nacking(self, queue: &str) -> Self {
-        self.0.lock().unwrap().nacking.insert(queue.to_owned());
-        self
-    }
-    fn published(&self) -> Vec<Published> {
-        self.0.lock().unwrap().published.clone()
-    }
-    fn attempted(&self) -> Vec<String> {
-        self.0.lock().unwrap().attempted.clone()
-    }
-}
-
-impl Publish for FakePublisher {
-    fn publish(
-        &self,
-        message: Outgoing<'_>,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        let mut s = self.0.lock().unwrap();
-        let queue = message.queue.to_owned();
-        s.attempted.push(queue.clone());
-        let result = if s.unroutable.contains(&queue) {
-            Err(PublishError::Unroutable { queue })
-        } else if s.nacking.contains(&queue) {
-            Err(PublishError::Nacked { queue })
-        } else {
-            s.published.push(Published {
-                queue,
-                headers: message.headers,
-            });
-            Ok(())
-        };
-        ready(result)
-    }
-
-    fn redeclare(&self, _queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send {
-        ready(Ok(()))
-    }
-}
 
 /// The attempt number and time of every call of the handler.
 #[derive(Clone, Default)]
@@ -144,63 +81,6 @@ fn failure(msg: &str) -> Result<Decision, BoxError> {
 }
 
 // ------------------------------------------------ metrics and warnings
-
-/// A metrics recorder that keeps counters as `name{k=v,..}` → value.
-#[derive(Default)]
-struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
-
-impl Counters {
-    fn get(&self, key: &str) -> u64 {
-        self.0
-            .lock()
-            .unwrap()
-            .get(key)
-            .map_or(0, |c| c.load(Ordering::SeqCst))
-    }
-}
-
-impl metrics::Recorder for Counters {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let counter = self.0.lock().unwrap().entry(name).or_default().clone();
-        metrics::Counter::from_arc(counter)
-    }
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
 
 /// A tracing subscriber that keeps the message of every warning.
 #[derive(Clone, Default)]

@@ -5,28 +5,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq::{App, BoxError, Delivery};
+use acemq::{BoxError, Delivery};
 use bytes::Bytes;
 use lapin::types::{AMQPValue, FieldTable};
 use tower::service_fn;
 
 use crate::support::{
-    eventually, field_table, long_str, retry_config, topology_queues, unique, Broker,
+    eventually, field_table, long_str, start_on_ladder, unique, Broker, TestHandler,
 };
 
-const MS: fn(u64) -> Duration = Duration::from_millis;
-
 /// A handler that records each delivery's body and attempt, and succeeds.
-fn recording(
-    seen: Arc<Mutex<Vec<(Bytes, u32)>>>,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn recording(seen: Arc<Mutex<Vec<(Bytes, u32)>>>) -> impl TestHandler {
     service_fn(move |d: Delivery| {
         let seen = seen.clone();
         async move {
@@ -40,14 +29,8 @@ fn recording(
 async fn a_malformed_attempt_header_is_read_as_attempt_1_and_the_delivery_is_handled() {
     let q = unique("bad.attempt");
     let mut broker = Broker::new().await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recording(seen.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, recording(seen.clone())).await;
 
     let nested = field_table(vec![("attempt", AMQPValue::LongLongInt(3))]);
     let cases: Vec<(&str, AMQPValue, u32)> = vec![
@@ -113,14 +96,8 @@ async fn a_malformed_attempt_header_is_read_as_attempt_1_and_the_delivery_is_han
 async fn a_body_that_is_not_utf8_is_delivered_intact() {
     let q = unique("bad.utf8");
     let mut broker = Broker::new().await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recording(seen.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, recording(seen.clone())).await;
 
     let body: Vec<u8> = vec![0xff, 0xfe, 0x00, 0xc3, 0x28, 0x80, 0xed, 0xa0, 0x80, 0x0a];
     assert!(std::str::from_utf8(&body).is_err());
@@ -144,14 +121,8 @@ async fn a_16_mib_body_round_trips_whole() {
     const LEN: usize = 16 * 1024 * 1024;
     let q = unique("bad.large");
     let mut broker = Broker::new().await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recording(seen.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, recording(seen.clone())).await;
 
     let body: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
     broker.publish(&q, &body, FieldTable::default()).await;

@@ -9,7 +9,9 @@ use acemq::{App, BoxError, Config, Delivery, StartError};
 use lapin::types::FieldTable;
 use tower::service_fn;
 
-use crate::support::{connection_listed, eventually, topology_queues, unique, Broker};
+use crate::support::{
+    connection_listed, eventually, plain_config, topology_queues, unique, Broker, TestHandler,
+};
 
 /// The YAML of DESIGN.md's Config section, with `shop.orders` renamed.
 const DESIGN_YAML: &str = "\
@@ -22,16 +24,7 @@ queues:
     retries: { max_attempts: 5, initial_delay: 10, max_delay: 300, broker_wait_threshold: 10 }
 ";
 
-fn counting(
-    calls: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn counting(calls: Arc<AtomicUsize>) -> impl TestHandler {
     service_fn(move |_: Delivery| {
         let calls = calls.clone();
         async move {
@@ -175,8 +168,7 @@ async fn a_handler_for_a_queue_the_config_does_not_name_is_a_config_error() {
     let q = unique("config.unknown");
     let stranger = unique("config.stranger");
     let mut broker = Broker::new().await;
-    let mut config = Config::default();
-    config.queues.push(QueueConfig::new(q.clone()));
+    let config = plain_config(&q);
     let calls = Arc::new(AtomicUsize::new(0));
     let err = App::new(config)
         .consume(&q, counting(calls.clone()))

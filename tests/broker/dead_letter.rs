@@ -5,14 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::{App, BoxError, Delivery, Headers, Reject};
+use acemq::{BoxError, Config, Delivery, Headers, Reject, Running};
+use lapin::message::BasicGetMessage;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
 use tower::service_fn;
 
 use crate::support::{
-    eventually, field_table, long_str, message_headers, now_ms, retry_config, topology_queues,
-    unique, Broker,
+    eventually, field_table, ladder_config, long_str, message_headers, now_ms, retry_config,
+    start_consuming, topology_queues, unique, Broker, TestHandler,
 };
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -27,17 +28,7 @@ fn int_header(h: &Headers, name: &str) -> Option<i64> {
 
 /// A handler that counts its calls and does what `body` asks: `fail`,
 /// `reject`, `panic`, anything else succeeds.
-fn by_body(
-    calls: Arc<AtomicUsize>,
-    ok: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn by_body(calls: Arc<AtomicUsize>, ok: Arc<AtomicUsize>) -> impl TestHandler {
     service_fn(move |d: Delivery| {
         let (calls, ok) = (calls.clone(), ok.clone());
         async move {
@@ -56,26 +47,51 @@ fn by_body(
     })
 }
 
+/// Three attempts in all, every wait in process (100 ms, then 200 ms).
+fn three_attempts(q: &str) -> Config {
+    retry_config(
+        q,
+        3,
+        MS(100),
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    )
+}
+
+/// Starts `config` consuming `q` with [`by_body`]. Returns the app, every
+/// queue of its topology (to delete at the end), the dead-letter queue, and
+/// the handler's `calls` and `ok` counters.
+async fn start_by_body(
+    q: &str,
+    config: Config,
+) -> (
+    Running,
+    Vec<String>,
+    String,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+) {
+    let all = topology_queues(&config);
+    let dlq = format!("{q}.dlq");
+    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let running = start_consuming(config, q, by_body(calls.clone(), ok.clone())).await;
+    (running, all, dlq, calls, ok)
+}
+
+/// Waits (up to 10 s) for the dead-lettered copy in `dlq` and takes it.
+async fn dead_lettered(broker: &mut Broker, dlq: &str) -> BasicGetMessage {
+    broker
+        .get_within(dlq, Duration::from_secs(10))
+        .await
+        .expect("dead-lettered")
+}
+
 #[tokio::test]
 async fn a_delivery_that_exhausts_its_attempts_lands_in_the_dlq_with_the_reason_and_its_original_message(
 ) {
     let q = unique("dlq.exhausted");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, calls, _) = start_by_body(&q, three_attempts(&q)).await;
 
     let before = now_ms();
     let props = BasicProperties::default()
@@ -94,10 +110,7 @@ async fn a_delivery_that_exhausts_its_attempts_lands_in_the_dlq_with_the_reason_
             ("x-custom-number", AMQPValue::LongInt(7)),
         ]));
     broker.publish_props(&q, b"fail", props).await;
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     let after = now_ms();
     running.drain().await.expect("clean drain");
 
@@ -158,27 +171,10 @@ async fn a_delivery_that_exhausts_its_attempts_lands_in_the_dlq_with_the_reason_
 async fn a_rejected_delivery_goes_to_the_dlq_at_once_with_reason_rejected_and_one_attempt() {
     let q = unique("dlq.rejected");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, calls, _) = start_by_body(&q, three_attempts(&q)).await;
 
     broker.publish(&q, b"reject", FieldTable::default()).await;
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     running.drain().await.expect("clean drain");
 
     // Had it been retried, the retries (100 ms, 200 ms) would have come first.
@@ -200,27 +196,10 @@ async fn a_rejected_delivery_goes_to_the_dlq_at_once_with_reason_rejected_and_on
 async fn a_panicking_handler_is_dead_lettered_with_reason_panic_and_the_next_delivery_is_handled() {
     let q = unique("dlq.panic");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, calls, ok) = start_by_body(&q, three_attempts(&q)).await;
 
     broker.publish(&q, b"panic", FieldTable::default()).await;
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     let h = message_headers(&msg.properties);
     assert_eq!(str_header(&h, "x-acemq-reason"), Some("panic"), "{h:?}");
     assert_eq!(int_header(&h, "x-acemq-attempts"), Some(1), "{h:?}");
@@ -252,21 +231,7 @@ async fn with_the_dlq_deleted_while_running_the_next_dead_letter_declares_it_aga
 {
     let q = unique("dlq.deleted");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, calls, _) = start_by_body(&q, three_attempts(&q)).await;
     broker.delete(std::slice::from_ref(&dlq)).await;
     assert_eq!(broker.ready(&dlq).await, None, "the dlq is gone");
 
@@ -292,23 +257,12 @@ async fn a_delivery_that_always_fails_climbs_every_rung_and_is_dead_lettered_aft
     let q = unique("dlq.ladder");
     let mut broker = Broker::new().await;
     // 200ms in process, then the 400ms and 800ms rungs, then the dlq.
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, calls, _) = start_by_body(&q, ladder_config(&q)).await;
     let props = BasicProperties::default()
         .with_message_id("order-7".into())
         .with_headers(field_table(vec![("tenant", long_str("acme"))]));
     broker.publish_props(&q, b"fail", props).await;
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     let snapshot = running.health().snapshot();
     running.drain().await.expect("clean drain");
 
@@ -348,26 +302,9 @@ async fn a_delivery_that_always_fails_climbs_every_rung_and_is_dead_lettered_aft
 async fn a_long_error_is_cut_to_4_kib_on_a_character_boundary_in_x_acemq_error() {
     let q = unique("dlq.long-error");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, _, _) = start_by_body(&q, three_attempts(&q)).await;
     broker.publish(&q, b"long", FieldTable::default()).await;
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     running.drain().await.expect("clean drain");
     let h = message_headers(&msg.properties);
     // 6,000 bytes of two-byte characters: cut, still valid UTF-8.
@@ -391,21 +328,7 @@ async fn every_header_type_survives_dead_lettering_as_the_broker_delivers_it() {
     let q = unique("dlq.header-types");
     let control = format!("{q}.control");
     let mut broker = Broker::new().await;
-    let config = retry_config(
-        &q,
-        3,
-        MS(100),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let all = topology_queues(&config);
-    let dlq = format!("{q}.dlq");
-    let (calls, ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let running = App::new(config)
-        .consume(&q, by_body(calls.clone(), ok.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all, dlq, _, _) = start_by_body(&q, three_attempts(&q)).await;
     broker
         .declare(&control, FieldTable::default())
         .await
@@ -454,10 +377,7 @@ async fn every_header_type_survives_dead_lettering_as_the_broker_delivers_it() {
         .get_within(&control, Duration::from_secs(10))
         .await
         .expect("control message");
-    let msg = broker
-        .get_within(&dlq, Duration::from_secs(10))
-        .await
-        .expect("dead-lettered");
+    let msg = dead_lettered(&mut broker, &dlq).await;
     running.drain().await.expect("clean drain");
 
     let mut got = message_headers(&msg.properties);

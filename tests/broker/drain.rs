@@ -2,17 +2,20 @@
 //! what it abandons, and how long each takes (DESIGN.md, "Start and stop").
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq::config::{PrefetchPolicy, QueueConfig};
 use acemq::drain::DeadlineKind;
-use acemq::{App, BoxError, Config, Delivery};
+use acemq::{App, BoxError, Config, Delivery, Running};
 use lapin::types::{AMQPValue, FieldTable};
 use tokio::sync::Notify;
 use tracing_subscriber::layer::SubscriberExt;
 
-use crate::support::{all_queues, connection_listed, eventually, field_table, unique, Broker};
+use crate::support::{
+    all_queues, connection_listed, eventually, field_table, start_consuming, unique, Broker,
+    CapturedLogs, TestHandler,
+};
 
 /// What the test handlers record: how many calls began and ended, and a
 /// signal for "a handler has started".
@@ -57,17 +60,7 @@ enum Work {
     UntilReleased,
 }
 
-fn handler(
-    probe: Arc<Probe>,
-    work: Work,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn handler(probe: Arc<Probe>, work: Work) -> impl TestHandler {
     tower::service_fn(move |d: Delivery| {
         let probe = probe.clone();
         async move {
@@ -100,6 +93,37 @@ fn one_queue(q: &str, shutdown_timeout: Duration, abandon_after: Duration) -> Co
     }
 }
 
+/// A unique queue named after `tag`, a [`Broker`], a [`Probe`], and an app
+/// on [`one_queue`] consuming the queue with a handler of `work`.
+async fn one_queue_app(
+    tag: &str,
+    shutdown_timeout: Duration,
+    abandon_after: Duration,
+    work: Work,
+) -> (String, Broker, Arc<Probe>, App) {
+    let q = unique(tag);
+    let broker = Broker::new().await;
+    let probe = Probe::new();
+    let app = App::new(one_queue(&q, shutdown_timeout, abandon_after))
+        .consume(&q, handler(probe.clone(), work));
+    (q, broker, probe, app)
+}
+
+/// Starts `app`, publishes one order to `q` with `headers`, and waits until
+/// a handler has started on it.
+async fn start_with_one_order(
+    app: App,
+    broker: &mut Broker,
+    q: &str,
+    headers: FieldTable,
+    probe: &Probe,
+) -> Running {
+    let running = app.start().await.expect("starts");
+    broker.publish(q, b"order", headers).await;
+    probe.wait_started().await;
+    running
+}
+
 fn attempt_header(n: i64) -> FieldTable {
     field_table(vec![("x-acemq-attempt", AMQPValue::LongLongInt(n))])
 }
@@ -124,20 +148,14 @@ fn assert_between(what: &str, took: Duration, lo: Duration, hi: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_stays_pending_while_a_handler_runs_and_completes_once_the_handler_is_released() {
-    let q = unique("drain-release");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let running = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-release",
         Duration::from_secs(20),
         Duration::from_secs(5),
-    ))
-    .consume(&q, handler(probe.clone(), Work::UntilReleased))
-    .start()
-    .await
-    .expect("starts");
-    broker.publish(&q, b"order", FieldTable::default()).await;
-    probe.wait_started().await;
+        Work::UntilReleased,
+    )
+    .await;
+    let running = start_with_one_order(app, &mut broker, &q, FieldTable::default(), &probe).await;
 
     let mut drain = tokio::spawn(running.drain());
     // The handler holds: the drain must not finish on its own.
@@ -167,23 +185,14 @@ async fn a_drain_stays_pending_while_a_handler_runs_and_completes_once_the_handl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_holding_a_message_for_one_and_a_half_seconds_makes_the_drain_take_that_long_and_its_message_is_acknowledged(
 ) {
-    let q = unique("drain-finish");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let running = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-finish",
         Duration::from_secs(10),
         Duration::from_secs(5),
-    ))
-    .consume(
-        &q,
-        handler(probe.clone(), Work::Sleep(Duration::from_millis(1500))),
+        Work::Sleep(Duration::from_millis(1500)),
     )
-    .start()
-    .await
-    .expect("starts");
-    broker.publish(&q, b"order", FieldTable::default()).await;
-    probe.wait_started().await;
+    .await;
+    let running = start_with_one_order(app, &mut broker, &q, FieldTable::default(), &probe).await;
 
     let t0 = Instant::now();
     let report = running.drain().await.expect("a clean drain");
@@ -213,23 +222,14 @@ async fn a_handler_holding_a_message_for_one_and_a_half_seconds_makes_the_drain_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_listens_to_its_token_is_cancelled_at_the_deadline_and_its_message_goes_back_at_the_same_attempt(
 ) {
-    let q = unique("drain-cancel");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let running = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-cancel",
         Duration::from_secs(1),
         Duration::from_secs(5),
-    ))
-    .consume(
-        &q,
-        handler(probe.clone(), Work::Listening(Duration::from_secs(60))),
+        Work::Listening(Duration::from_secs(60)),
     )
-    .start()
-    .await
-    .expect("starts");
-    broker.publish(&q, b"order", attempt_header(2)).await;
-    probe.wait_started().await;
+    .await;
+    let running = start_with_one_order(app, &mut broker, &q, attempt_header(2), &probe).await;
 
     let t0 = Instant::now();
     let timeout = running
@@ -263,58 +263,25 @@ async fn a_handler_that_listens_to_its_token_is_cancelled_at_the_deadline_and_it
     broker.delete(&all_queues(&q)).await;
 }
 
-/// Records the level and text of every event on this thread.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<(tracing::Level, String)>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                use std::fmt::Write;
-                let _ = write!(self.0, " {}={:?}", field.name(), value);
-            }
-        }
-        let mut text = Text(format!("{}:", event.metadata().target()));
-        event.record(&mut text);
-        self.0
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), text.0));
-    }
-}
-
 // current_thread: every task of this test (the consumer loop, lapin's I/O)
 // runs on this thread, so the thread-local subscriber sees all their logs.
 #[tokio::test(flavor = "current_thread")]
 async fn a_handler_that_ignores_its_token_is_abandoned_after_the_grace_and_its_message_is_redelivered_without_an_error(
 ) {
-    let captured = Captured::default();
+    let captured = CapturedLogs::default();
     let _logs =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(captured.clone()));
-    let q = unique("drain-abandon");
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-abandon",
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        Work::Sleep(Duration::from_secs(60)),
+    )
+    .await;
     let name = format!("acemq-test-{q}");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let app = App::new(one_queue(
-        &q,
-        Duration::from_secs(1),
-        Duration::from_secs(1),
-    ))
-    .connection_name(name.clone())
-    .consume(
-        &q,
-        handler(probe.clone(), Work::Sleep(Duration::from_secs(60))),
-    );
+    let app = app.connection_name(name.clone());
     let health = app.health();
-    let running = app.start().await.expect("starts");
-    broker.publish(&q, b"order", FieldTable::default()).await;
-    probe.wait_started().await;
+    let running = start_with_one_order(app, &mut broker, &q, FieldTable::default(), &probe).await;
     assert!(
         connection_listed(&name).await,
         "rabbitmqctl lists the runner's connection {name:?} while it runs"
@@ -349,7 +316,11 @@ async fn a_handler_that_ignores_its_token_is_abandoned_after_the_grace_and_its_m
     assert_eq!(probe.done(), 0, "the abandoned handler never finished");
     broker.delete(&all_queues(&q)).await;
 
-    let logs = captured.0.lock().unwrap().clone();
+    let logs: Vec<(tracing::Level, String)> = captured
+        .events()
+        .into_iter()
+        .map(|(level, target, text)| (level, format!("{target}:{text}")))
+        .collect();
     let errors: Vec<_> = logs
         .iter()
         .filter(|(level, _)| *level == tracing::Level::ERROR)
@@ -436,11 +407,7 @@ async fn fifty_buffered(
     // Declared by the runner; publish once it exists but before the handler
     // can take anything: the app starts, then the messages arrive together.
     let probe = Probe::new();
-    let running = App::new(config)
-        .consume(&q, handler(probe.clone(), Work::Sleep(work)))
-        .start()
-        .await
-        .expect("starts");
+    let running = start_consuming(config, &q, handler(probe.clone(), Work::Sleep(work))).await;
     let bodies: Vec<Vec<u8>> = (0..50).map(|i| format!("m{i}").into_bytes()).collect();
     broker
         .publish_many(&q, &bodies, lapin::BasicProperties::default())
@@ -513,15 +480,13 @@ async fn with_handle_buffered_every_buffered_delivery_is_handled_before_the_drai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_is_false_from_the_first_step_of_the_drain_while_a_handler_still_runs() {
-    let q = unique("drain-ready");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let app = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-ready",
         Duration::from_secs(20),
         Duration::from_secs(5),
-    ))
-    .consume(&q, handler(probe.clone(), Work::UntilReleased));
+        Work::UntilReleased,
+    )
+    .await;
     let health = app.health();
     let running = app.start().await.expect("starts");
     assert!(health.is_ready(), "ready once started");
@@ -556,23 +521,14 @@ async fn readiness_is_false_from_the_first_step_of_the_drain_while_a_handler_sti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_cuts_the_drain_short_and_hands_the_message_back() {
-    let q = unique("drain-hurry");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let running = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-hurry",
         Duration::from_secs(20),
         Duration::from_secs(5),
-    ))
-    .consume(
-        &q,
-        handler(probe.clone(), Work::Listening(Duration::from_secs(10))),
+        Work::Listening(Duration::from_secs(10)),
     )
-    .start()
-    .await
-    .expect("starts");
-    broker.publish(&q, b"order", FieldTable::default()).await;
-    probe.wait_started().await;
+    .await;
+    let running = start_with_one_order(app, &mut broker, &q, FieldTable::default(), &probe).await;
 
     let t0 = Instant::now();
     let hurry = tokio::time::sleep(Duration::from_millis(200));
@@ -600,18 +556,14 @@ async fn a_second_signal_cuts_the_drain_short_and_hands_the_message_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_with_nothing_in_flight_is_fast() {
-    let q = unique("drain-idle");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let running = App::new(one_queue(
-        &q,
+    let (q, mut broker, _probe, app) = one_queue_app(
+        "drain-idle",
         Duration::from_secs(20),
         Duration::from_secs(5),
-    ))
-    .consume(&q, handler(probe.clone(), Work::Sleep(Duration::ZERO)))
-    .start()
-    .await
-    .expect("starts");
+        Work::Sleep(Duration::ZERO),
+    )
+    .await;
+    let running = app.start().await.expect("starts");
     let t0 = Instant::now();
     let report = running.drain().await.expect("a clean drain");
     let took = t0.elapsed();
@@ -624,15 +576,13 @@ async fn a_drain_with_nothing_in_flight_is_fast() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_held_at_a_paused_gate_is_handed_back_at_the_drain_without_reaching_the_handler()
 {
-    let q = unique("drain-paused");
-    let mut broker = Broker::new().await;
-    let probe = Probe::new();
-    let app = App::new(one_queue(
-        &q,
+    let (q, mut broker, probe, app) = one_queue_app(
+        "drain-paused",
         Duration::from_secs(20),
         Duration::from_secs(5),
-    ))
-    .consume(&q, handler(probe.clone(), Work::Sleep(Duration::ZERO)));
+        Work::Sleep(Duration::ZERO),
+    )
+    .await;
     let health = app.health();
     let running = app.start().await.expect("starts");
     for (_, gate) in health.gates() {

@@ -5,214 +5,16 @@
 //! `shop --config FILE --no-seed --queue Q --http ADDR`; orders are JSON
 //! bodies published to `Q`. `/readyz` (JSON) says when an order is in flight.
 
-use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lapin::types::FieldTable;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::support::{all_queues, eventually, unique, Broker};
+use crate::support::{all_queues, shop_binary, unique, Broker, ShopProcess};
 
-/// The shop binary, built once per test run (so a fresh `cargo test` works).
-fn shop_binary() -> &'static PathBuf {
-    static SHOP: OnceLock<PathBuf> = OnceLock::new();
-    SHOP.get_or_init(|| {
-        // The test binary is <target>/<profile>/deps/broker-<hash>; the
-        // example goes to <target>/<profile>/examples/shop.
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("<target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("<target>");
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args(["build", "--example", "shop", "--target-dir"])
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("cargo build --example shop runs");
-        assert!(status.success(), "cargo build --example shop failed");
-        let shop = profile_dir.join("examples").join("shop");
-        assert!(shop.exists(), "no shop binary at {}", shop.display());
-        shop
-    })
-}
-
-/// A free local port for `--http` (bound, read, released).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").to_string()
-}
-
-/// A config file in the temp dir naming `q`, with `extra` top-level keys.
-fn write_config(q: &str, extra: &str, queue_extra: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("{q}.yaml"));
-    let yaml = format!("{extra}\nqueues:\n  - name: {q}\n{queue_extra}\n");
-    std::fs::write(&path, yaml).expect("write the config");
-    path
-}
-
-/// A running shop, its stderr collected line by line.
-struct Shop {
-    child: Child,
-    pid: u32,
-    http: String,
-    stderr: Arc<Mutex<String>>,
-    stdout: Arc<Mutex<String>>,
-    readers: Vec<tokio::task::JoinHandle<()>>,
-    config: PathBuf,
-}
-
-fn collect(
-    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    into: Arc<Mutex<String>>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut s = into.lock().unwrap();
-            s.push_str(&strip_ansi(&line));
-            s.push('\n');
-        }
-    })
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ ... final byte in @..~
-            for c in chars.by_ref() {
-                if ('@'..='~').contains(&c) && c != '[' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-impl Shop {
-    /// Starts the shop on queue `q` with `config`, env `envs`.
-    fn spawn(q: &str, config: PathBuf, envs: &[(&str, &str)]) -> Shop {
-        let http = free_addr();
-        let mut cmd = Command::new(shop_binary());
-        cmd.args(["--config"])
-            .arg(&config)
-            .args(["--no-seed", "--queue", q, "--http", &http])
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("the shop starts");
-        let pid = child.id().expect("a pid");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let stdout = Arc::new(Mutex::new(String::new()));
-        let readers = vec![
-            collect(child.stderr.take().expect("stderr"), stderr.clone()),
-            collect(child.stdout.take().expect("stdout"), stdout.clone()),
-        ];
-        Shop {
-            child,
-            pid,
-            http,
-            stderr,
-            stdout,
-            readers,
-            config,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn stdout(&self) -> String {
-        self.stdout.lock().unwrap().clone()
-    }
-
-    /// `GET /readyz`: (HTTP status, JSON body), or `None` when nothing answers.
-    async fn readyz(&self) -> Option<(u16, serde_json::Value)> {
-        let mut s = tokio::net::TcpStream::connect(&self.http).await.ok()?;
-        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: shop\r\n\r\n")
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split("\r\n\r\n").nth(1)?;
-        Some((status, serde_json::from_str(body).ok()?))
-    }
-
-    /// Waits (bounded) until `/readyz` reports ready.
-    async fn wait_ready(&self) {
-        let ok = eventually(Duration::from_secs(15), || async {
-            matches!(self.readyz().await, Some((200, _)))
-        })
-        .await;
-        assert!(
-            ok,
-            "the shop never became ready; stderr:\n{}",
-            self.stderr()
-        );
-    }
-
-    /// Waits (bounded) until `/readyz` reports `n` handlers in flight.
-    async fn wait_in_flight(&self, n: u64) {
-        let ok = eventually(Duration::from_secs(10), || async {
-            self.readyz()
-                .await
-                .and_then(|(_, j)| j["queues"][0]["in_flight"].as_u64())
-                == Some(n)
-        })
-        .await;
-        assert!(ok, "never {n} in flight; stderr:\n{}", self.stderr());
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .args([sig, &self.pid.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {sig} {} failed", self.pid);
-    }
-
-    /// Waits (up to `within`) for the process to exit and its output to be
-    /// read to the end.
-    async fn exit_within(&mut self, within: Duration) -> ExitStatus {
-        let status = match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(s) => s.expect("wait"),
-            Err(_) => panic!(
-                "the shop did not exit within {within:?}; stderr:\n{}",
-                self.stderr()
-            ),
-        };
-        for r in self.readers.drain(..) {
-            let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
-        }
-        status
-    }
-}
-
-impl Drop for Shop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.config);
-    }
+/// A shop config naming `q`, with `extra` top-level keys and `queue_extra`
+/// keys of the queue.
+fn config_yaml(q: &str, extra: &str, queue_extra: &str) -> String {
+    format!("{extra}\nqueues:\n  - name: {q}\n{queue_extra}\n")
 }
 
 /// Publishes one order to `q`.
@@ -235,8 +37,8 @@ fn drain_lines(stderr: &str) -> String {
 async fn sigterm_with_an_order_in_flight_waits_for_it_acknowledges_it_and_exits_0() {
     let q = unique("proc-term");
     let mut broker = Broker::new().await;
-    let config = write_config(&q, "shutdown_timeout: 10", "");
-    let mut shop = Shop::spawn(&q, config, &[]);
+    let yaml = config_yaml(&q, "shutdown_timeout: 10", "");
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
     shop.wait_ready().await;
     order(&mut broker, &q, r#"{"id":"o-term","work_ms":1500}"#).await;
     shop.wait_in_flight(1).await;
@@ -272,12 +74,12 @@ async fn sigterm_with_an_order_in_flight_waits_for_it_acknowledges_it_and_exits_
 async fn sigterm_with_orders_buffered_behind_the_running_one_finishes_it_and_hands_the_rest_back() {
     let q = unique("proc-held");
     let mut broker = Broker::new().await;
-    let config = write_config(
+    let yaml = config_yaml(
         &q,
         "shutdown_timeout: 10",
         "    prefetch: 20\n    concurrency: 1",
     );
-    let mut shop = Shop::spawn(&q, config, &[]);
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
     shop.wait_ready().await;
     for i in 0..5 {
         order(
@@ -314,8 +116,8 @@ async fn sigterm_with_an_order_that_ignores_cancellation_exits_75_naming_the_que
 ) {
     let q = unique("proc-timeout");
     let mut broker = Broker::new().await;
-    let config = write_config(&q, "shutdown_timeout: 1", "");
-    let mut shop = Shop::spawn(&q, config, &[]);
+    let yaml = config_yaml(&q, "shutdown_timeout: 1", "");
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
     shop.wait_ready().await;
     order(
         &mut broker,
@@ -359,8 +161,8 @@ async fn sigterm_with_an_order_that_ignores_cancellation_exits_75_naming_the_que
 async fn sigkill_mid_handler_leaves_the_order_to_the_broker_which_redelivers_it() {
     let q = unique("proc-kill");
     let mut broker = Broker::new().await;
-    let config = write_config(&q, "", "");
-    let mut shop = Shop::spawn(&q, config, &[]);
+    let yaml = config_yaml(&q, "", "");
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
     shop.wait_ready().await;
     order(&mut broker, &q, r#"{"id":"o-kill","work_ms":30000}"#).await;
     shop.wait_in_flight(1).await;
@@ -380,8 +182,8 @@ async fn sigkill_mid_handler_leaves_the_order_to_the_broker_which_redelivers_it(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_with_prefetch_zero_exits_78_naming_prefetch() {
     let q = unique("proc-badconfig");
-    let config = write_config(&q, "", "    prefetch: 0");
-    let mut shop = Shop::spawn(&q, config, &[]);
+    let yaml = config_yaml(&q, "", "    prefetch: 0");
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
     let status = shop.exit_within(Duration::from_secs(10)).await;
     let stderr = shop.stderr();
     assert_eq!(status.code(), Some(78), "stderr:\n{stderr}");
@@ -391,12 +193,12 @@ async fn a_config_with_prefetch_zero_exits_78_naming_prefetch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_exits_69_at_once_saying_rabbitmq_is_not_there() {
     let q = unique("proc-refused");
-    let config = write_config(&q, "connect_timeout: 2", "");
+    let yaml = config_yaml(&q, "connect_timeout: 2", "");
     shop_binary(); // built before the clock starts
     let t0 = Instant::now();
-    let mut shop = Shop::spawn(
+    let mut shop = ShopProcess::spawn(
         &q,
-        config,
+        &yaml,
         &[("AMQP_ADDR", "amqp://guest:guest@127.0.0.1:1/%2f")],
     );
     let status = shop.exit_within(Duration::from_secs(10)).await;
@@ -416,10 +218,10 @@ async fn a_broker_address_where_nothing_answers_exits_69_after_connect_timeout_s
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = format!("amqp://guest:guest@{}/%2f", silent.local_addr().unwrap());
     let q = unique("proc-silent");
-    let config = write_config(&q, "connect_timeout: 2", "");
+    let yaml = config_yaml(&q, "connect_timeout: 2", "");
     shop_binary(); // built before the clock starts
     let t0 = Instant::now();
-    let mut shop = Shop::spawn(&q, config, &[("AMQP_ADDR", &addr)]);
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[("AMQP_ADDR", &addr)]);
     let status = shop.exit_within(Duration::from_secs(10)).await;
     let took = t0.elapsed();
     let stderr = shop.stderr();
@@ -435,10 +237,10 @@ async fn a_broker_address_where_nothing_answers_exits_69_after_connect_timeout_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_exits_69_saying_authentication_failed_and_never_prints_the_password() {
     let q = unique("proc-auth");
-    let config = write_config(&q, "connect_timeout: 5", "");
-    let mut shop = Shop::spawn(
+    let yaml = config_yaml(&q, "connect_timeout: 5", "");
+    let mut shop = ShopProcess::spawn(
         &q,
-        config,
+        &yaml,
         &[(
             "AMQP_ADDR",
             "amqp://guest:wrong-pass-XYZ@127.0.0.1:5672/%2f",

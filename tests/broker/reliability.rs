@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq::config::QueueConfig;
-use acemq::{App, BoxError, Config, Delivery, Headers, Reject};
+use acemq::{App, BoxError, Config, Delivery, Headers, Health, Reject};
 use bytes::Bytes;
 use lapin::types::FieldTable;
 use tower::service_fn;
@@ -19,8 +19,8 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use crate::proxy::Proxy;
 use crate::support::{
-    all_queues, eventually, message_headers, thread_cpu_time, unique, Broker, CapturedLogs,
-    QueueCleanup, ShopProcess,
+    all_queues, eventually, message_headers, start_consuming, thread_cpu_time, unique, Broker,
+    CapturedLogs, QueueCleanup, ShopProcess, TestHandler,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -53,17 +53,7 @@ impl Seen {
 
 /// Records every call; a first delivery (not redelivered) of `hold` is held
 /// for `hold_for` before it succeeds, everything else succeeds at once.
-fn recording(
-    seen: Arc<Seen>,
-    hold_for: Duration,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn recording(seen: Arc<Seen>, hold_for: Duration) -> impl TestHandler {
     service_fn(move |d: Delivery| {
         let seen = seen.clone();
         async move {
@@ -94,6 +84,25 @@ fn dead_letter_config(q: &str, shutdown_timeout: Duration) -> Config {
     }
 }
 
+/// Publishes a `hold` to `q` and waits until its handler has started.
+async fn hold_one(broker: &mut Broker, q: &str, seen: &Seen) {
+    broker.publish(q, b"hold", FieldTable::default()).await;
+    assert!(
+        eventually(SECS(10), || async { seen.calls().len() == 1 }).await,
+        "the handler started"
+    );
+}
+
+/// Cuts the runner behind `proxy` off the broker and waits until readiness
+/// goes false.
+async fn cut_off(proxy: &Proxy, health: &Health) {
+    proxy.cut();
+    assert!(
+        eventually(SECS(10), || async { !health.is_ready() }).await,
+        "readiness goes false once the connection is lost"
+    );
+}
+
 fn str_header<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.as_str())
 }
@@ -120,11 +129,7 @@ async fn a_lost_connection_turns_readiness_off_and_after_it_returns_the_topology
         "handled before the outage"
     );
 
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_off(&proxy, &health).await;
     assert!(!health.snapshot().connected, "{:?}", health.snapshot());
     // While the runner is cut off, delete part of its topology: the
     // reconnect must declare it again.
@@ -210,17 +215,9 @@ async fn a_handler_running_when_the_connection_drops_finishes_its_settle_is_skip
         .consume(&q, recording(seen.clone(), SECS(1)));
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
-    broker.publish(&q, b"hold", FieldTable::default()).await;
-    assert!(
-        eventually(SECS(10), || async { seen.calls().len() == 1 }).await,
-        "the handler started"
-    );
+    hold_one(&mut broker, &q, &seen).await;
 
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_off(&proxy, &health).await;
     assert_eq!(seen.finished(), 0, "the handler is still holding");
     // The handler finishes while the connection is down; its ack has no
     // channel to go to.
@@ -290,17 +287,9 @@ async fn readiness_stays_on_after_a_reconnect_when_a_handler_of_the_old_connecti
         .consume(&q, recording(seen.clone(), SECS(3)));
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
-    broker.publish(&q, b"hold", FieldTable::default()).await;
-    assert!(
-        eventually(SECS(10), || async { seen.calls().len() == 1 }).await,
-        "the handler started"
-    );
+    hold_one(&mut broker, &q, &seen).await;
 
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_off(&proxy, &health).await;
     proxy.restore();
     assert!(
         eventually(SECS(10), || async { health.is_ready() }).await,
@@ -346,11 +335,7 @@ async fn a_drain_that_starts_during_an_outage_ends_promptly_without_waiting_for_
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
 
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_off(&proxy, &health).await;
     let t0 = Instant::now();
     let result = tokio::time::timeout(SECS(25), running.drain())
         .await
@@ -479,11 +464,7 @@ async fn a_handler_that_panics_on_every_message_dead_letters_all_twenty_with_rea
             Ok::<(), BoxError>(())
         }
     });
-    let running = App::new(dead_letter_config(&q, SECS(10)))
-        .consume(&q, handler)
-        .start()
-        .await
-        .expect("starts");
+    let running = start_consuming(dead_letter_config(&q, SECS(10)), &q, handler).await;
     let bodies: Vec<Vec<u8>> = (0..20).map(|i| format!("boom-{i}").into_bytes()).collect();
     broker
         .publish_many(&q, &bodies, lapin::BasicProperties::default())

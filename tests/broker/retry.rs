@@ -6,12 +6,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq::{App, BoxError, Delivery};
+use acemq::{BoxError, Delivery};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
 use tower::service_fn;
 
-use crate::support::{eventually, retry_config, topology_queues, unique, Broker};
+use crate::support::{
+    eventually, retry_config, start_consuming, start_on_ladder, topology_queues, unique, Broker,
+    TestHandler,
+};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -26,17 +29,7 @@ struct Call {
 }
 
 /// A handler that records each call and fails while `attempt <= fail_until`.
-fn fails_until(
-    fail_until: u32,
-    calls: Arc<Mutex<Vec<Call>>>,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn fails_until(fail_until: u32, calls: Arc<Mutex<Vec<Call>>>) -> impl TestHandler {
     service_fn(move |d: Delivery| {
         let calls = calls.clone();
         async move {
@@ -60,15 +53,9 @@ async fn a_handler_failing_twice_waits_in_process_then_on_the_rung_and_succeeds_
     let q = unique("retry.twice");
     let mut broker = Broker::new().await;
     // After attempt 1: 200ms in process; after attempt 2: 400ms on the rung.
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let rung = format!("{q}.retry.400ms");
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, fails_until(2, calls.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, fails_until(2, calls.clone())).await;
     let health = running.health();
 
     broker.publish(&q, b"order", FieldTable::default()).await;
@@ -116,15 +103,9 @@ async fn a_handler_failing_twice_waits_in_process_then_on_the_rung_and_succeeds_
 async fn with_its_rung_deleted_a_retry_waits_in_process_instead_and_succeeds() {
     let q = unique("retry.norung");
     let mut broker = Broker::new().await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let rung = format!("{q}.retry.400ms");
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, fails_until(2, calls.clone()))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, fails_until(2, calls.clone())).await;
     broker.delete(std::slice::from_ref(&rung)).await;
     assert_eq!(broker.ready(&rung).await, None, "the rung is gone");
 
@@ -228,11 +209,7 @@ async fn a_thousand_deliveries_that_fail_once_are_all_handled_at_attempt_2_each_
             }
         })
     };
-    let running = App::new(config)
-        .consume(&q, handler)
-        .start()
-        .await
-        .expect("starts");
+    let running = start_consuming(config, &q, handler).await;
     let health = running.health();
 
     let bodies: Vec<Vec<u8>> = (0..N).map(|i| format!("m{i}").into_bytes()).collect();

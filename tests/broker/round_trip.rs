@@ -2,19 +2,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::config::QueueConfig;
-use acemq::{App, Config, Delivery};
+use acemq::Delivery;
 use lapin::types::FieldTable;
 use tower::ServiceBuilder;
 
-use crate::support::{all_queues, eventually, unique, Broker};
+use crate::support::{all_queues, eventually, plain_config, start_consuming, unique, Broker};
 
 #[tokio::test]
 async fn a_delivery_goes_through_a_service_builder_stack_and_is_acknowledged() {
     let q = unique("roundtrip");
     let mut broker = Broker::new().await;
-    let mut config = Config::default();
-    config.queues.push(QueueConfig::new(q.clone()));
+    let config = plain_config(&q);
     let seen = Arc::new(AtomicUsize::new(0));
     let s = seen.clone();
     let handler = ServiceBuilder::new()
@@ -27,11 +25,7 @@ async fn a_delivery_goes_through_a_service_builder_stack_and_is_acknowledged() {
                 Ok::<_, std::io::Error>(())
             }
         });
-    let running = App::new(config)
-        .consume(&q, handler)
-        .start()
-        .await
-        .expect("starts");
+    let running = start_consuming(config, &q, handler).await;
     for _ in 0..5 {
         broker.publish(&q, b"hello", FieldTable::default()).await;
     }

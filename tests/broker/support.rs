@@ -97,8 +97,8 @@ impl Broker {
         .expect("confirm");
     }
 
-    /// Messages ready in `queue` (passive declare).
-    pub async fn ready(&mut self, queue: &str) -> Option<u32> {
+    /// `queue` as a passive declare reports it; `None` when it does not exist.
+    async fn passive_declare(&mut self, queue: &str) -> Option<lapin::Queue> {
         let ch = self.channel().await;
         ch.queue_declare(
             queue.into(),
@@ -110,7 +110,11 @@ impl Broker {
         )
         .await
         .ok()
-        .map(|q| q.message_count())
+    }
+
+    /// Messages ready in `queue` (passive declare).
+    pub async fn ready(&mut self, queue: &str) -> Option<u32> {
+        self.passive_declare(queue).await.map(|q| q.message_count())
     }
 
     /// Takes one message from `queue` (acked).
@@ -230,6 +234,76 @@ pub fn retry_config(
     }
 }
 
+/// The ladder most broker tests use: `name` with dead-lettering on and 4
+/// attempts in all, waiting 200ms in process, then on the 400ms and 800ms
+/// rungs.
+pub fn ladder_config(name: &str) -> acemq::Config {
+    retry_config(
+        name,
+        4,
+        Duration::from_millis(200),
+        Duration::from_millis(400),
+        Duration::from_millis(800),
+    )
+}
+
+/// A config with the one queue `name`, everything else as the defaults.
+pub fn plain_config(name: &str) -> acemq::Config {
+    acemq::Config {
+        queues: vec![acemq::config::QueueConfig::new(name)],
+        ..acemq::Config::default()
+    }
+}
+
+/// What the test handlers are: a `Service<Delivery>` that `App::consume`
+/// takes, answering `()` or a [`BoxError`](acemq::BoxError).
+pub trait TestHandler:
+    tower::Service<acemq::Delivery, Response = (), Error = acemq::BoxError, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<T> TestHandler for T where
+    T: tower::Service<
+            acemq::Delivery,
+            Response = (),
+            Error = acemq::BoxError,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Starts an app on `config` consuming `queue` with `handler`, or fails the
+/// test.
+pub async fn start_consuming<H>(config: acemq::Config, queue: &str, handler: H) -> acemq::Running
+where
+    H: tower::Service<acemq::Delivery> + Clone + Send + 'static,
+    H::Error: Into<acemq::BoxError>,
+    H::Future: Send + 'static,
+    H::Response: Send + 'static,
+{
+    acemq::App::new(config)
+        .consume(queue, handler)
+        .start()
+        .await
+        .expect("starts")
+}
+
+/// Starts an app on [`ladder_config`] consuming `queue` with `handler`;
+/// returns it with every queue of its topology (to delete at the end).
+pub async fn start_on_ladder(
+    queue: &str,
+    handler: impl TestHandler,
+) -> (acemq::Running, Vec<String>) {
+    let config = ladder_config(queue);
+    let all = topology_queues(&config);
+    (start_consuming(config, queue, handler).await, all)
+}
+
 /// A field table from `(name, value)` pairs.
 pub fn field_table(entries: Vec<(&str, lapin::types::AMQPValue)>) -> FieldTable {
     let mut t = FieldTable::default();
@@ -263,18 +337,9 @@ pub fn now_ms() -> i64 {
 impl Broker {
     /// Consumers on `queue` (passive declare); `None` when it does not exist.
     pub async fn consumers(&mut self, queue: &str) -> Option<u32> {
-        let ch = self.channel().await;
-        ch.queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .ok()
-        .map(|q| q.consumer_count())
+        self.passive_declare(queue)
+            .await
+            .map(|q| q.consumer_count())
     }
 
     /// Declares `queue` durable with `arguments`, on a channel of its own (a

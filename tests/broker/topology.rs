@@ -11,8 +11,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use tower::service_fn;
 
 use crate::support::{
-    connection_listed, eventually, field_table, long_str, retry_config, topology_queues, unique,
-    Broker,
+    connection_listed, eventually, field_table, ladder_config, long_str, plain_config,
+    start_consuming, start_on_ladder, topology_queues, unique, Broker, TestHandler,
 };
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -56,17 +56,7 @@ fn death_queue(d: &Delivery) -> Option<String> {
 
 /// A handler that records every delivery and fails the first attempt of a
 /// body equal to `fail_first`.
-fn recorder(
-    seen: Arc<Mutex<Vec<Seen>>>,
-    fail_first: &'static [u8],
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future = impl std::future::Future<Output = Result<(), BoxError>> + Send,
-> + Clone
-       + Send
-       + 'static {
+fn recorder(seen: Arc<Mutex<Vec<Seen>>>, fail_first: &'static [u8]) -> impl TestHandler {
     service_fn(move |d: Delivery| {
         let seen = seen.clone();
         async move {
@@ -90,14 +80,8 @@ async fn the_topology_declares_q_its_dlq_and_one_rung_per_broker_delay_with_the_
     let q = unique("topology.args");
     let mut broker = Broker::new().await;
     // Delays 200ms (in process), 400ms and 800ms (rungs), 800ms again.
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recorder(seen.clone(), b""))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, recorder(seen.clone(), b"")).await;
 
     let dlq = format!("{q}.dlq");
     let rung400 = format!("{q}.retry.400ms");
@@ -174,14 +158,8 @@ async fn the_topology_declares_q_its_dlq_and_one_rung_per_broker_delay_with_the_
 async fn a_message_published_to_a_rung_comes_back_to_the_queue_after_the_rungs_ttl() {
     let q = unique("topology.rung");
     let mut broker = Broker::new().await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
-    let all = topology_queues(&config);
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recorder(seen.clone(), b""))
-        .start()
-        .await
-        .expect("starts");
+    let (running, all) = start_on_ladder(&q, recorder(seen.clone(), b"")).await;
     let rung400 = format!("{q}.retry.400ms");
     let rung800 = format!("{q}.retry.800ms");
 
@@ -288,8 +266,7 @@ async fn a_preexisting_queue_with_a_message_ttl_fails_the_start_naming_the_queue
     broker
         .publish(&q, b"already here", FieldTable::default())
         .await;
-    let mut config = Config::default();
-    config.queues.push(QueueConfig::new(q.clone()));
+    let config = plain_config(&q);
     let all = topology_queues(&config);
 
     start_expecting_conflict(&mut broker, config, &q, "x-message-ttl").await;
@@ -308,7 +285,7 @@ async fn a_preexisting_queue_without_dead_letter_arguments_fails_a_dead_letter_s
     broker
         .publish(&q, b"already here", FieldTable::default())
         .await;
-    let config = retry_config(&q, 4, MS(200), MS(400), MS(800));
+    let config = ladder_config(&q);
     let all = topology_queues(&config);
 
     start_expecting_conflict(&mut broker, config, &q, "x-dead-letter-exchange").await;
@@ -340,11 +317,7 @@ async fn a_quorum_queue_round_trips_and_its_rung_and_dlq_are_quorum_with_at_leas
     assert_eq!(all, [q.clone(), dlq.clone(), rung.clone()]);
 
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let running = App::new(config)
-        .consume(&q, recorder(seen.clone(), b"retry me"))
-        .start()
-        .await
-        .expect("starts");
+    let running = start_consuming(config, &q, recorder(seen.clone(), b"retry me")).await;
 
     let quorum = || ("x-queue-type", long_str("quorum"));
     // The rung: quorum, TTL, back to Q, at-least-once with reject-publish.
