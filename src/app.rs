@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightLayer, PauseHandle,
-    PauseLayer, RetryLayer,
+    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightLayer, PauseHandle, PauseLayer,
+    RetryLayer,
 };
 use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
@@ -668,7 +668,3 @@ impl Running {
         self.drain
     }
 }
-
-/// Carries out the stack's decision type: re-exported for users who build
-/// their own loop.
-pub type StackDecision = Decision;
