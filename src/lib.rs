@@ -25,3 +25,8 @@ pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot};
 pub use publisher::Publisher;
+
+/// Compiles the README's Rust code as a doctest, so the quickstart stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
