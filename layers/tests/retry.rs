@@ -384,18 +384,30 @@ async fn a_broker_wait_is_counted_as_scheduled_in_the_broker() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_rung_publish_that_is_nacked_hands_the_delivery_back() {
+async fn a_rung_publish_that_is_nacked_waits_here_instead_and_retries() {
     let calls = Calls::default();
     let broker = FakePublisher::default().nacking("q.retry.1s");
     let layer = RetryLayer::new(
-        policy(Duration::from_secs(1), ms(400), 5),
+        policy(Duration::from_secs(1), ms(400), 2),
         broker,
         CancellationToken::new(),
     );
-    let svc = layer.layer(scripted(&calls, |_| failure("down")));
+    let svc = layer.layer(scripted(&calls, |n| {
+        if n == 1 {
+            failure("down")
+        } else {
+            Ok(Decision::Ack)
+        }
+    }));
+    let start = Instant::now();
 
-    assert_eq!(svc.oneshot(delivery()).await.unwrap(), Decision::HandBack);
-    assert_eq!(calls.attempts(), [1]);
+    assert_eq!(svc.oneshot(delivery()).await.unwrap(), Decision::Ack);
+    assert_eq!(calls.attempts(), [1, 2], "retried here, not handed back");
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(1),
+        "after the rung's delay"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -189,13 +189,17 @@ where
                     rung_missing = true;
                 }
                 Err(e) => {
+                    // Nacked, or the publisher's channel is gone: wait here
+                    // instead. Handing the delivery back would have the
+                    // broker redeliver it at once, and a rung that keeps
+                    // refusing would turn that into a hot loop.
                     tracing::warn!(
                         queue = %delivery.queue(),
                         attempt,
                         rung = %rung,
-                        "could not schedule the retry on its rung ({e}); handing the delivery back"
+                        "could not schedule the retry on its rung ({e}); waiting here instead"
                     );
-                    return Ok(Decision::HandBack);
+                    rung_missing = true;
                 }
             }
         }
