@@ -137,6 +137,7 @@ where
         let mut draining = false;
         let mut stream_done = false;
         let mut ready = false;
+        let mut service_failed = false;
         let stop = intake.cancelled();
         let cancel_answered = stats.consumer_cancelled.cancelled();
         tokio::pin!(stop, cancel_answered);
@@ -174,9 +175,11 @@ where
                     match service.poll_ready(cx) {
                         Poll::Ready(Ok(())) => ready = true,
                         Poll::Ready(Err(e)) => {
-                            error!(queue = %queue, error = %e, "the handler service failed; the consumer stops taking deliveries");
+                            error!(queue = %queue, error = %e, "the handler service failed (poll_ready returned an error); this queue stops consuming and its prefetched deliveries go back to the broker; readiness is off");
                             stream_done = true;
                             progressed = true;
+                            stats.cancelled_by_broker.store(true, Ordering::Relaxed);
+                            service_failed = true;
                         }
                         Poll::Pending => {}
                     }
@@ -241,6 +244,11 @@ where
             }
         })
         .await;
+        if service_failed && channel.status().connected() {
+            // Every settle is done; closing the channel returns what the
+            // broker had sent ahead, instead of leaving it unacknowledged.
+            let _ = channel.close(200, "handler service failed".into()).await;
+        }
         debug!(queue = %queue, "consumer loop finished");
     }
 }

@@ -142,3 +142,69 @@ async fn a_16_mib_body_round_trips_whole() {
     assert_eq!(broker.ready(&q).await, Some(0), "acknowledged");
     broker.delete(&all).await;
 }
+
+/// A handler whose `poll_ready` fails once it has handled `ok` deliveries.
+#[derive(Clone)]
+struct FailsWhenReady {
+    ok: usize,
+    handled: Arc<Mutex<usize>>,
+}
+
+impl tower::Service<Delivery> for FailsWhenReady {
+    type Response = ();
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<(), BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        if *self.handled.lock().unwrap() >= self.ok {
+            std::task::Poll::Ready(Err("the database pool is gone".into()))
+        } else {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    fn call(&mut self, _: Delivery) -> Self::Future {
+        *self.handled.lock().unwrap() += 1;
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_handler_service_that_fails_poll_ready_stops_its_queue_turns_readiness_off_and_loses_nothing(
+) {
+    let q = unique("bad.ready");
+    let mut broker = Broker::new().await;
+    let handled = Arc::new(Mutex::new(0));
+    let running = crate::support::start_consuming(
+        crate::support::plain_config(&q),
+        &q,
+        FailsWhenReady {
+            ok: 3,
+            handled: handled.clone(),
+        },
+    )
+    .await;
+    for _ in 0..10 {
+        broker.publish(&q, b"order", FieldTable::default()).await;
+    }
+    let health = running.health();
+    assert!(
+        eventually(Duration::from_secs(10), || async { !health.is_ready() }).await,
+        "readiness goes off when the service fails: {:?}",
+        health.snapshot()
+    );
+    assert_eq!(
+        *handled.lock().unwrap(),
+        3,
+        "nothing handled after the failure"
+    );
+    assert!(
+        broker.wait_ready(&q, 7, Duration::from_secs(10)).await,
+        "the 7 unhandled deliveries are back on the queue, not stuck unacknowledged"
+    );
+    running.drain().await.expect("a clean drain");
+    broker.delete(&[q.clone(), format!("{q}.dlq")]).await;
+}
