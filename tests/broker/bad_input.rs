@@ -176,6 +176,7 @@ impl tower::Service<Delivery> for FailsWhenReady {
 async fn a_handler_service_that_fails_poll_ready_stops_its_queue_turns_readiness_off_and_loses_nothing(
 ) {
     let q = unique("bad.ready");
+    let _cleanup = crate::support::QueueCleanup::new(vec![q.clone(), format!("{q}.dlq")]);
     let mut broker = Broker::new().await;
     let handled = Arc::new(Mutex::new(0));
     let running = crate::support::start_consuming(
@@ -206,5 +207,4 @@ async fn a_handler_service_that_fails_poll_ready_stops_its_queue_turns_readiness
         "the 7 unhandled deliveries are back on the queue, not stuck unacknowledged"
     );
     running.drain().await.expect("a clean drain");
-    broker.delete(&[q.clone(), format!("{q}.dlq")]).await;
 }
