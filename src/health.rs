@@ -79,7 +79,10 @@ impl Health {
         self.inner.connected.load(Ordering::Acquire)
             && !self.inner.draining.load(Ordering::Acquire)
             && !self
-                .read_queues()
+                .inner
+                .queues
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .any(|q| q.stats.cancelled_by_broker.load(Ordering::Relaxed))
     }

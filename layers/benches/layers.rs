@@ -20,58 +20,27 @@
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-use std::future::Future;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use acemq_layers::{
     BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightCounter, InFlightLayer,
-    Outgoing, PauseHandle, PauseLayer, Publish, PublishError, RetryLayer, RetryPolicy,
+    PauseHandle, PauseLayer, RetryLayer,
 };
 use criterion::{criterion_group, criterion_main, Bencher, Criterion};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-/// A publisher that is never reached on the success path.
-#[derive(Clone, Debug)]
-struct NoopPublish;
-
-impl Publish for NoopPublish {
-    fn publish(
-        &self,
-        _message: Outgoing<'_>,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    fn redeclare(&self, _queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send {
-        std::future::ready(Ok(()))
-    }
-}
-
-/// The trivial handler: reads the body, succeeds.
-async fn handle(d: Delivery) -> Result<Decision, BoxError> {
-    black_box(d.body().len());
-    Ok(Decision::Ack)
-}
+#[path = "support/success_path.rs"]
+mod success_path;
+use success_path::{handle, policy, NoopPublish};
 
 /// The same, yielding once to the runtime first (used by the 8-task group).
 async fn handle_yielding(d: Delivery) -> Result<Decision, BoxError> {
     tokio::task::yield_now().await;
     black_box(d.body().len());
     Ok(Decision::Ack)
-}
-
-/// The retry schedule of the shop example: 5 attempts.
-fn policy() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 5,
-        initial_delay: Duration::from_secs(1),
-        max_delay: Duration::from_secs(300),
-        broker_wait_threshold: Duration::from_secs(10),
-        ..RetryPolicy::none()
-    }
 }
 
 fn delivery() -> Delivery {

@@ -11,54 +11,25 @@
 #![allow(missing_docs)]
 
 use std::alloc::System;
-use std::future::Future;
 use std::hint::black_box;
-use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightCounter, InFlightLayer,
-    Outgoing, PauseHandle, PauseLayer, Publish, PublishError, RetryLayer, RetryPolicy,
+    CancelLayer, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer, PauseHandle,
+    PauseLayer, RetryLayer,
 };
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder, ServiceExt};
+
+#[path = "../benches/support/success_path.rs"]
+mod success_path;
+use success_path::{handle, policy, NoopPublish};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// Deliveries per measurement; the count is divided by it.
 const N: usize = 1_000;
-
-#[derive(Clone, Debug)]
-struct NoopPublish;
-
-impl Publish for NoopPublish {
-    fn publish(
-        &self,
-        _message: Outgoing<'_>,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    fn redeclare(&self, _queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send {
-        std::future::ready(Ok(()))
-    }
-}
-
-async fn handle(d: Delivery) -> Result<Decision, BoxError> {
-    black_box(d.body().len());
-    Ok(Decision::Ack)
-}
-
-fn policy() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 5,
-        initial_delay: Duration::from_secs(1),
-        max_delay: Duration::from_secs(300),
-        broker_wait_threshold: Duration::from_secs(10),
-        ..RetryPolicy::none()
-    }
-}
 
 /// Allocations (and reallocations) per delivery through `svc`, after a warm-up (first-use
 /// registrations: the in-flight slot, the token's child list, ...).

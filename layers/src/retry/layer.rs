@@ -19,11 +19,7 @@ use crate::publish::Publish;
 ///
 /// See the [module docs](crate::retry) for the behaviour.
 pub struct RetryLayer<P, C = DefaultClassifier> {
-    policy: RetryPolicy,
-    publisher: P,
-    draining: CancellationToken,
-    classifier: Arc<C>,
-    shared: Arc<Shared>,
+    config: Arc<Config<P, C>>,
 }
 
 impl<P> RetryLayer<P> {
@@ -34,36 +30,43 @@ impl<P> RetryLayer<P> {
     /// [`classifier`](Self::classifier).
     pub fn new(policy: RetryPolicy, publisher: P, draining: CancellationToken) -> Self {
         RetryLayer {
-            policy,
-            publisher,
-            draining,
-            classifier: Arc::new(DefaultClassifier),
-            shared: Arc::new(Shared::default()),
+            config: Arc::new(Config {
+                policy,
+                publisher,
+                classifier: DefaultClassifier,
+                draining,
+                shared: Arc::new(Shared::default()),
+            }),
+        }
+    }
+}
+
+impl<P: Clone, C> RetryLayer<P, C> {
+    /// Classifies failures with `classifier` instead.
+    pub fn classifier<C2: Classify>(self, classifier: C2) -> RetryLayer<P, C2> {
+        let c = &self.config;
+        RetryLayer {
+            config: Arc::new(Config {
+                policy: c.policy.clone(),
+                publisher: c.publisher.clone(),
+                classifier,
+                draining: c.draining.clone(),
+                shared: c.shared.clone(),
+            }),
         }
     }
 }
 
 impl<P, C> RetryLayer<P, C> {
-    /// Classifies failures with `classifier` instead.
-    pub fn classifier<C2: Classify>(self, classifier: C2) -> RetryLayer<P, C2> {
-        RetryLayer {
-            policy: self.policy,
-            publisher: self.publisher,
-            draining: self.draining,
-            classifier: Arc::new(classifier),
-            shared: self.shared,
-        }
-    }
-
     /// The number of in-process waits in progress, across every service
     /// this layer made: the state a drain may read.
     pub fn waiting(&self) -> RetryWaits {
-        RetryWaits::new(self.shared.clone())
+        RetryWaits::new(self.config.shared.clone())
     }
 
     /// The retry schedule.
     pub fn policy(&self) -> &RetryPolicy {
-        &self.policy
+        &self.config.policy
     }
 }
 
@@ -71,40 +74,21 @@ impl<S, P: Publish, C: Classify> Layer<S> for RetryLayer<P, C> {
     type Service = Retry<S, P, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::from_config(
-            inner,
-            Arc::new(Config {
-                policy: self.policy.clone(),
-                publisher: self.publisher.clone(),
-                classifier: self.classifier.clone(),
-                draining: self.draining.clone(),
-                shared: self.shared.clone(),
-            }),
-        )
+        Retry::from_config(inner, self.config.clone())
     }
 }
 
-impl<P: Clone, C> Clone for RetryLayer<P, C> {
+impl<P, C> Clone for RetryLayer<P, C> {
     fn clone(&self) -> Self {
         RetryLayer {
-            policy: self.policy.clone(),
-            publisher: self.publisher.clone(),
-            draining: self.draining.clone(),
-            classifier: self.classifier.clone(),
-            shared: self.shared.clone(),
+            config: self.config.clone(),
         }
     }
 }
 
 impl<P, C> fmt::Debug for RetryLayer<P, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryLayer")
-            .field("policy", &self.policy)
-            .field("publisher", &std::any::type_name::<P>())
-            .field("classifier", &std::any::type_name::<C>())
-            .field("draining", &self.draining.is_cancelled())
-            .field("waiting", &self.shared.waiting())
-            .finish()
+        f.debug_tuple("RetryLayer").field(&self.config).finish()
     }
 }
 
@@ -190,7 +174,7 @@ impl Drop for WaitGuard {
 pub(crate) struct Config<P, C> {
     pub(crate) policy: RetryPolicy,
     pub(crate) publisher: P,
-    pub(crate) classifier: Arc<C>,
+    pub(crate) classifier: C,
     pub(crate) draining: CancellationToken,
     pub(crate) shared: Arc<Shared>,
 }
