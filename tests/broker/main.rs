@@ -10,6 +10,7 @@ mod config_load;
 mod dead_letter;
 mod drain;
 mod process;
+mod recovery;
 mod proxy;
 mod reliability;
 mod retry;
