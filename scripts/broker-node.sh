@@ -6,6 +6,7 @@
 #   scripts/broker-node.sh up     NAME PORT [EXTRA_CONF_FILE]
 #   scripts/broker-node.sh down   NAME PORT
 #   scripts/broker-node.sh status NAME PORT
+#   scripts/broker-node.sh pid    NAME PORT   (the node's beam.smp)
 #
 # NAME is the short node name (node `NAME@localhost`), PORT its AMQP port; the
 # Erlang distribution port is PORT+20000. Everything the node writes (mnesia,
@@ -16,8 +17,8 @@
 # EXTRA_CONF_FILE is appended to the node's rabbitmq.conf (e.g. a line
 # `consumer_timeout = 5000`). One scheduler (`+S 1:1`): the machine has 2 cores.
 #
-# `up` is idempotent (a node already up is left as it is) and waits until the
-# node accepts AMQP; `down` stops the node (kill -9 after 30 s) and removes its
+# `up` is idempotent (a node already up is left as it is; a node that was
+# killed is started again on its data) and waits until the node accepts AMQP; `down` stops the node (kill -9 after 30 s) and removes its
 # folder; `status` exits 0 when the node is up, 3 when it is not. The default
 # broker (rabbit@localhost:5672, /etc/rabbitmq/rabbitmq.conf) is never touched.
 #
@@ -88,7 +89,8 @@ up() {
   fi
   local t0
   t0=$(ms)
-  rm -rf "$dir"
+  # A folder left by a node that was killed keeps its data (a restarted
+  # cluster node rejoins with it); the config files are written afresh.
   mkdir -p "$dir/mnesia" "$dir/log"
   : >"$dir/enabled_plugins"
   {
@@ -172,5 +174,6 @@ case "$cmd" in
       exit 3
     fi
     ;;
+  pid) beam_pid || { echo "broker-node: $node has no beam.smp" >&2; exit 3; } ;;
   *) usage ;;
 esac

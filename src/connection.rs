@@ -154,8 +154,18 @@ pub struct Connected {
     pub index: usize,
 }
 
-/// The address with its password replaced by `***`, safe to log.
+/// The address with its password replaced by `***`, safe to log. A
+/// comma-separated list is redacted address by address.
 pub fn redact(addr: &str) -> String {
+    if addr.contains(',') {
+        return addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(redact)
+            .collect::<Vec<_>>()
+            .join(",");
+    }
     match url::Url::parse(addr) {
         Ok(mut u) => {
             if u.password().is_some() {
@@ -221,12 +231,19 @@ pub enum ConnectError {
 }
 
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
-/// by `rabbitmqctl list_connections client_properties`).
+/// by `rabbitmqctl list_connections client_properties`). A comma-separated
+/// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
 pub async fn connect(
     addr: &str,
     name: &str,
     timeout: Duration,
 ) -> Result<Connection, ConnectError> {
+    if addr.contains(',') {
+        let list = resolve_addresses_with(Some(&[addr.to_owned()]), None, &[]);
+        return connect_any(&list, name, timeout, &ConnectOptions::default())
+            .await
+            .map(|c| c.connection);
+    }
     connect_with(addr, name, timeout, &ConnectOptions::default()).await
 }
 
@@ -390,6 +407,8 @@ mod tests {
         let r = redact("amqp://user:s3cret@host:5672/%2f");
         assert!(!r.contains("s3cret"), "{r}");
         assert!(r.contains("user:***@host"), "{r}");
+        let list = redact("amqp://u:s3cret@a:1/%2f, amqp://u:s3cret@b:2/%2f");
+        assert_eq!(list, "amqp://u:***@a:1/%2f,amqp://u:***@b:2/%2f");
     }
 
     fn strings(v: &[&str]) -> Vec<String> {

@@ -74,6 +74,7 @@ async fn steady_publisher(queue: String, out: Arc<Published>, stop: Cancellation
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "on a throwaway node: cargo test -p acemq --test node -- --ignored --test-threads=1 (.ci/run)"]
 async fn a_broker_restart_under_load_turns_readiness_off_then_on_and_every_confirmed_message_is_handled_with_duplicates_within_the_prefetch(
 ) {
     let node = Node::up();

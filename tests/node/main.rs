@@ -9,7 +9,9 @@
 //! changed (memory watermark, a stopped app) and stops the node, also when
 //! the test fails. `ACEMQ_KEEP_NODE=1` leaves the node up between runs.
 //!
-//! Run with: `cargo test -p acemq --test node -- --test-threads=1`
+//! They are `#[ignore]`d in `cargo test --workspace` (they take minutes and
+//! start a node); run them with:
+//! `cargo test -p acemq --test node -- --ignored --test-threads=1`
 #![allow(unreachable_pub, missing_docs)]
 
 mod support;

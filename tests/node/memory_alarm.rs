@@ -46,6 +46,7 @@ async fn alarm_in_force() -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "on a throwaway node: cargo test -p acemq --test node -- --ignored --test-threads=1 (.ci/run)"]
 async fn during_a_memory_alarm_successes_keep_being_acked_while_a_retry_waits_and_after_it_clears_the_retry_proceeds_and_nothing_is_lost(
 ) {
     let node = Node::up();
