@@ -64,10 +64,14 @@ up() {
     if running_nodes "${NODES[$i]}" | grep -qx "${NODES[0]}@localhost"; then
       continue
     fi
-    ctl "${NODES[$i]}" stop_app
-    ctl "${NODES[$i]}" reset
-    ctl "${NODES[$i]}" join_cluster "${NODES[0]}@localhost"
-    ctl "${NODES[$i]}" start_app
+    local step out
+    for step in stop_app reset "join_cluster ${NODES[0]}@localhost" start_app; do
+      # shellcheck disable=SC2086 # the step is a command and its argument
+      if ! out=$(ctl "${NODES[$i]}" $step 2>&1); then
+        echo "cluster: rabbitmqctl -n ${NODES[$i]}@localhost $step failed: $out" >&2
+        exit 69
+      fi
+    done
   done
   for _ in $(seq 1 60); do
     if is_clustered; then
