@@ -52,10 +52,14 @@ async fn a_queue_deleted_while_consumed_is_declared_again_and_consumed_within_se
 
     broker.delete(std::slice::from_ref(&q)).await;
     let t0 = Instant::now();
-    let recovered = eventually(SECS(15), || async {
-        broker.consumers(&q).await == Some(1) && health.is_ready()
-    })
-    .await;
+    let mut recovered = false;
+    while t0.elapsed() < SECS(15) {
+        if broker.consumers(&q).await == Some(1) && health.is_ready() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     eprintln!(
         "queue deleted: after {:?}, consumers on {q}: {:?}, ready: {}, {:?}",
         t0.elapsed(),

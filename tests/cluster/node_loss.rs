@@ -175,13 +175,16 @@ async fn start_app(q: &str, addrs: &[usize], name: &str, handled: Arc<Handled>) 
     (running, health)
 }
 
-/// One kill's figures (printed with `Debug`).
+/// One kill's figures (printed with `Debug`): how long readiness was off,
+/// when the first new message was handled after the kill, when 100 more
+/// were, and when the restarted node had rejoined.
 #[allow(dead_code)]
 #[derive(Debug)]
 struct Loss {
     what: &'static str,
     node: String,
     not_ready_for: Option<Duration>,
+    first_handled_after: Duration,
     resumed_after: Duration,
     rejoined_after: Option<Duration>,
 }
@@ -246,8 +249,10 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
     let before = handled.distinct();
     let t_kill = readiness.elapsed();
     kill9(consumer_node).await;
+    let t0 = Instant::now();
     let alive: Vec<usize> = all.iter().copied().filter(|&i| i != consumer_node).collect();
-    let resumed = resumes(&handled, before, 100, SECS(60)).await;
+    let first = resumes(&handled, before, 1, SECS(60)).await;
+    let resumed = resumes(&handled, before, 100, SECS(60)).await.map(|_| t0.elapsed());
     let now_on = connection_node(&alive, &app_name).await;
     eprintln!(
         "consumer's node {} killed: resumed after {resumed:?} on {:?}; readiness {:?}",
@@ -276,6 +281,7 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         what: "consumer's node",
         node: node_name(consumer_node),
         not_ready_for: not_ready_span(&readiness, t_kill),
+        first_handled_after: first.expect("a first message handled"),
         resumed_after: resumed,
         rejoined_after: rejoined,
     });
@@ -305,7 +311,12 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let elected_after = t0.elapsed();
-    let resumed = resumes(&handled, before, 100, SECS(60)).await;
+    let first = if handled.distinct() > before {
+        Some(elected_after) // at most: it happened during the election wait
+    } else {
+        resumes(&handled, before, 1, SECS(60)).await.map(|d| d + elected_after)
+    };
+    let resumed = resumes(&handled, before, 100, SECS(60)).await.map(|_| t0.elapsed());
     eprintln!(
         "leader {} killed ({on_rung:?} on the rung, consumer on {:?}): new leader {:?} after {elected_after:?}; \
          resumed after {resumed:?}; readiness {:?}",
@@ -326,6 +337,7 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         what: "queue leader's node",
         node: node_name(lead),
         not_ready_for: not_ready_span(&readiness, t_kill),
+        first_handled_after: first.expect("a first message handled"),
         resumed_after: resumed,
         rejoined_after: rejoined,
     });
