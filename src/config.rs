@@ -437,7 +437,10 @@ impl Config {
                 ));
             }
         }
-        if self.heartbeat.is_some_and(|h| h.as_secs() == 0 || h.as_secs() > u64::from(u16::MAX)) {
+        if self
+            .heartbeat
+            .is_some_and(|h| h.as_secs() == 0 || h.as_secs() > u64::from(u16::MAX))
+        {
             return Err(ConfigError::invalid(
                 "heartbeat",
                 "is below 1 s or above 65535 s",

@@ -40,7 +40,11 @@ pub fn amqp_addr_from_env() -> String {
 /// comma-separated list. Blank entries are dropped; the order is kept
 /// ([`connect_any`] shuffles).
 pub fn resolve_addresses(from_code: Option<&[String]>, config: &[String]) -> Vec<String> {
-    resolve_addresses_with(from_code, std::env::var("AMQP_ADDR").ok().as_deref(), config)
+    resolve_addresses_with(
+        from_code,
+        std::env::var("AMQP_ADDR").ok().as_deref(),
+        config,
+    )
 }
 
 /// [`resolve_addresses`] with the value of `AMQP_ADDR` given (for tests and
@@ -321,7 +325,9 @@ fn tls_config(tls: Option<&TlsConfig>) -> Result<OwnedTLSConfig, ConnectError> {
                 .or(tls.cert_file.as_ref())
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            reason: "acemq was built without its `tls` feature; enable it to use amqps:// and TLS files".to_owned(),
+            reason:
+                "acemq was built without its `tls` feature; enable it to use amqps:// and TLS files"
+                    .to_owned(),
         });
     }
     let cert_chain = match &tls.ca_file {
@@ -477,12 +483,23 @@ mod tests {
             "amqp://guest:s3cret@127.0.0.1:1/%2f",
             "amqp://guest:s3cret@127.0.0.1:2/%2f",
         ]);
-        let e = connect_any(&addrs, "t", Duration::from_secs(5), &ConnectOptions::default())
-            .await
-            .unwrap_err();
+        let e = connect_any(
+            &addrs,
+            "t",
+            Duration::from_secs(5),
+            &ConnectOptions::default(),
+        )
+        .await
+        .unwrap_err();
         let text = e.to_string();
-        assert!(matches!(e, ConnectError::NoneAnswered { ref tried } if tried.len() == 2), "{e:?}");
-        assert!(text.contains("127.0.0.1:1") && text.contains("127.0.0.1:2"), "{text}");
+        assert!(
+            matches!(e, ConnectError::NoneAnswered { ref tried } if tried.len() == 2),
+            "{e:?}"
+        );
+        assert!(
+            text.contains("127.0.0.1:1") && text.contains("127.0.0.1:2"),
+            "{text}"
+        );
         assert!(!text.contains("s3cret"), "{text}");
     }
 

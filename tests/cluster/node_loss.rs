@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tower::service_fn;
 
 use crate::support::{
-    addr, all_running, connection_node, eventually, kill9, leader, messages, node_name, Cluster,
-    ReadinessLog, NODES,
+    addr, all_running, connection_node, dlx_backlog, eventually, kill9, leader, members_in_sync,
+    messages, node_name, Cluster, ReadinessLog, NODES,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -45,12 +45,8 @@ impl Handled {
 
 fn handler(
     handled: Arc<Handled>,
-) -> impl tower::Service<
-    Delivery,
-    Response = (),
-    Error = BoxError,
-    Future: Send + 'static,
-> + Clone
+) -> impl tower::Service<Delivery, Response = (), Error = BoxError, Future: Send + 'static>
+       + Clone
        + Send
        + 'static {
     service_fn(move |d: Delivery| {
@@ -62,7 +58,7 @@ fn handler(
                 .and_then(|s| s.parse().ok())
                 .ok_or("not a test message")?;
             tokio::time::sleep(Duration::from_millis(2)).await;
-            if n % RETRY_EVERY == 0 && handled.failed_once.lock().unwrap().insert(n) {
+            if n.is_multiple_of(RETRY_EVERY) && handled.failed_once.lock().unwrap().insert(n) {
                 return Err::<(), BoxError>("transient: wait on the rung".into());
             }
             *handled.ok.lock().unwrap().entry(n).or_default() += 1;
@@ -99,38 +95,59 @@ struct Published {
     confirmed: Mutex<BTreeSet<u64>>,
     sent: Mutex<u64>,
     connections: Mutex<Vec<String>>,
+    /// What happened to the publisher, with the time since it started.
+    events: Mutex<Vec<String>>,
+}
+
+impl Published {
+    fn event(&self, t0: Instant, what: String) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(format!("{:.1}s {what}", t0.elapsed().as_secs_f64()));
+    }
 }
 
 /// Publishes `m-<n>` to `queue` about every 10 ms through any of the three
 /// addresses (shuffled), awaiting each confirm (15 s at most: an
-/// unconfirmed message is not counted); reconnects when its node is lost.
+/// unconfirmed message is not counted); reconnects, to any node, when its
+/// node is lost or a publish is nacked.
 async fn steady_publisher(queue: String, out: Arc<Published>, stop: CancellationToken) {
     let addresses: Vec<String> = (0..NODES.len()).map(addr).collect();
+    let t0 = Instant::now();
     let mut n = 0u64;
     while !stop.is_cancelled() {
-        let Ok(c) = connect_any(
+        let c = match connect_any(
             &addresses,
             "acemq-cluster-test-publisher",
             SECS(5),
             &ConnectOptions::default(),
         )
         .await
-        else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
+        {
+            Ok(c) => c,
+            Err(e) => {
+                out.event(t0, format!("connect failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
         };
+        out.event(t0, format!("connected to {}", c.address));
         out.connections.lock().unwrap().push(c.address.clone());
         let conn = c.connection;
-        let Ok(ch) = conn.create_channel().await else {
-            continue;
-        };
-        if ch
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .is_err()
+        let ch = match tokio::time::timeout(SECS(5), async {
+            let ch = conn.create_channel().await?;
+            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            Ok::<_, lapin::Error>(ch)
+        })
+        .await
         {
-            continue;
-        }
+            Ok(Ok(ch)) => ch,
+            other => {
+                out.event(t0, format!("no confirm channel: {other:?}"));
+                continue;
+            }
+        };
         while !stop.is_cancelled() {
             let body = format!("m-{n}");
             *out.sent.lock().unwrap() += 1;
@@ -154,8 +171,21 @@ async fn steady_publisher(queue: String, out: Arc<Published>, stop: Cancellation
                 Ok(Ok(Confirmation::Ack(None))) => {
                     out.confirmed.lock().unwrap().insert(n - 1);
                 }
-                Ok(Ok(_)) => {}
-                Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(other)) => {
+                    // A nack: this node cannot take the message now (after
+                    // a leader's loss, 3.10.8 nacked every publish on such
+                    // a channel for a minute). Publish elsewhere.
+                    out.event(t0, format!("m-{} not confirmed: {other:?}", n - 1));
+                    break;
+                }
+                Ok(Err(e)) => {
+                    out.event(t0, format!("m-{} failed: {e}", n - 1));
+                    break;
+                }
+                Err(_) => {
+                    out.event(t0, format!("m-{}: no confirm within 15 s", n - 1));
+                    break;
+                }
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -164,7 +194,12 @@ async fn steady_publisher(queue: String, out: Arc<Published>, stop: Cancellation
 }
 
 /// Starts the App consuming `q` through `addrs` (comma-separated).
-async fn start_app(q: &str, addrs: &[usize], name: &str, handled: Arc<Handled>) -> (Running, Health) {
+async fn start_app(
+    q: &str,
+    addrs: &[usize],
+    name: &str,
+    handled: Arc<Handled>,
+) -> (Running, Health) {
     let list: Vec<String> = addrs.iter().map(|&i| addr(i)).collect();
     let app = App::new(config(q))
         .amqp_addr(list.join(","))
@@ -219,7 +254,10 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
     // Declared through node 1 only: the queue, its rung and its dead-letter
     // queue are led from there (client-local leader placement).
     let (declarer, _) = start_app(&q, &[0], "acemq-cluster-test-declare", handled.clone()).await;
-    declarer.drain().await.expect("a clean drain of the declaring app");
+    declarer
+        .drain()
+        .await
+        .expect("a clean drain of the declaring app");
     let first_leader = leader(&all, &q).await;
     eprintln!(
         "declared {q} ({:?} leads it), {rung} ({:?}), {dlq}",
@@ -250,15 +288,22 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
     let t_kill = readiness.elapsed();
     kill9(consumer_node).await;
     let t0 = Instant::now();
-    let alive: Vec<usize> = all.iter().copied().filter(|&i| i != consumer_node).collect();
+    let alive: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| i != consumer_node)
+        .collect();
     let first = resumes(&handled, before, 1, SECS(60)).await;
-    let resumed = resumes(&handled, before, 100, SECS(60)).await.map(|_| t0.elapsed());
+    let resumed = resumes(&handled, before, 100, SECS(60))
+        .await
+        .map(|_| t0.elapsed());
     let now_on = connection_node(&alive, &app_name).await;
     eprintln!(
-        "consumer's node {} killed: resumed after {resumed:?} on {:?}; readiness {:?}",
+        "consumer's node {} killed: resumed after {resumed:?} on {:?}; readiness {:?}; publisher: {:?}",
         node_name(consumer_node),
         now_on.map(node_name),
-        readiness.changes()
+        readiness.changes(),
+        published.events.lock().unwrap()
     );
     let resumed = resumed.expect("consuming resumed on another node within 60 s");
     assert!(
@@ -285,6 +330,20 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         resumed_after: resumed,
         rejoined_after: rejoined,
     });
+
+    // The restarted node's members catch up before the next kill.
+    let t_sync = Instant::now();
+    for name in [&q, &rung, &dlq] {
+        assert!(
+            eventually(SECS(60), || async {
+                members_in_sync(&all, name, 200).await
+            })
+            .await,
+            "{name}'s members caught up after {} rejoined",
+            node_name(consumer_node)
+        );
+    }
+    eprintln!("members in sync {:?} after the rejoin", t_sync.elapsed());
 
     // 2. The queue's leader dies, with messages waiting on its quorum rung.
     let lead = leader(&all, &q).await.expect("the queue has a leader");
@@ -314,16 +373,24 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
     let first = if handled.distinct() > before {
         Some(elected_after) // at most: it happened during the election wait
     } else {
-        resumes(&handled, before, 1, SECS(60)).await.map(|d| d + elected_after)
+        resumes(&handled, before, 1, SECS(60))
+            .await
+            .map(|d| d + elected_after)
     };
-    let resumed = resumes(&handled, before, 100, SECS(60)).await.map(|_| t0.elapsed());
+    let resumed = resumes(&handled, before, 100, SECS(60))
+        .await
+        .map(|_| t0.elapsed());
     eprintln!(
         "leader {} killed ({on_rung:?} on the rung, consumer on {:?}): new leader {:?} after {elected_after:?}; \
-         resumed after {resumed:?}; readiness {:?}",
+         resumed after {resumed:?}; readiness {:?}; handled {} (was {before}), confirmed {}; publisher: {:?}; health {:?}",
         node_name(lead),
         consumer_node.map(node_name),
         new_leader.map(node_name),
-        readiness.changes()
+        readiness.changes(),
+        handled.distinct(),
+        published.confirmed.lock().unwrap().len(),
+        published.events.lock().unwrap(),
+        health.snapshot()
     );
     assert!(new_leader.is_some(), "a new leader was elected");
     let resumed = resumed.expect("consuming resumed after the leader's loss within 60 s");
@@ -346,6 +413,17 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         "ready after the leader's loss: {:?}",
         health.snapshot()
     );
+
+    for name in [&q, &rung, &dlq] {
+        assert!(
+            eventually(SECS(60), || async {
+                members_in_sync(&all, name, 200).await
+            })
+            .await,
+            "{name}'s members caught up after {} rejoined",
+            node_name(lead)
+        );
+    }
 
     // 3. A drain while the consumer's node is lost stays within its deadline.
     let consumer_node = connection_node(&all, &app_name)
@@ -382,7 +460,19 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
         confirmed.iter().all(|n| ok.contains_key(n))
     })
     .await;
+    // Then until the queue and its rung are empty, so that the copies still
+    // on their way (duplicates) are counted too.
+    let emptied = eventually(SECS(30), || async {
+        messages(&all, &q).await == Some(0) && messages(&all, &rung).await == Some(0)
+    })
+    .await;
     let _ = second.drain().await;
+    let backlog = format!(
+        "{rung}: {:?} messages, dead-letter backlog {}; {q}: {:?} messages",
+        messages(&all, &rung).await,
+        dlx_backlog(&all, &rung).await,
+        messages(&all, &q).await
+    );
 
     // Accounting: handled, or in Q.dlq.
     let mut in_dlq = BTreeSet::new();
@@ -423,6 +513,7 @@ async fn nodes_killed_under_load_lose_no_confirmed_message_and_consuming_resumes
     let duplicates: u32 = ok.values().map(|c| c - 1).sum();
     let retried = handled.failed_once.lock().unwrap().len();
     eprintln!("cluster figures:");
+    eprintln!("  at the end: {backlog}; emptied: {emptied}");
     for l in &losses {
         eprintln!("  {l:?}");
     }

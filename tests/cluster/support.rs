@@ -46,7 +46,10 @@ fn run_script(args: &[&str]) -> Result<String, String> {
     if out.status.success() {
         Ok(text.trim().to_owned())
     } else {
-        Err(format!("scripts/cluster.sh {args:?} failed ({}): {text}", out.status))
+        Err(format!(
+            "scripts/cluster.sh {args:?} failed ({}): {text}",
+            out.status
+        ))
     }
 }
 
@@ -174,9 +177,12 @@ pub async fn kill9(i: usize) {
 
 /// The node leading quorum queue `queue`, asked of the nodes in `alive`.
 pub async fn leader(alive: &[usize], queue: &str) -> Option<usize> {
-    let out = ctl_any(alive, &["list_queues", "--no-table-headers", "name", "leader"])
-        .await
-        .ok()?;
+    let out = ctl_any(
+        alive,
+        &["list_queues", "--no-table-headers", "name", "leader"],
+    )
+    .await
+    .ok()?;
     out.lines().find_map(|l| {
         let mut f = l.split('\t');
         (f.next()? == queue).then(|| node_index(f.next()?.trim()))?
@@ -185,9 +191,12 @@ pub async fn leader(alive: &[usize], queue: &str) -> Option<usize> {
 
 /// `queue`'s ready + unacked messages, asked of the nodes in `alive`.
 pub async fn messages(alive: &[usize], queue: &str) -> Option<u64> {
-    let out = ctl_any(alive, &["list_queues", "--no-table-headers", "name", "messages"])
-        .await
-        .ok()?;
+    let out = ctl_any(
+        alive,
+        &["list_queues", "--no-table-headers", "name", "messages"],
+    )
+    .await
+    .ok()?;
     out.lines().find_map(|l| {
         let mut f = l.split('\t');
         (f.next()? == queue).then(|| f.next()?.trim().parse().ok())?
@@ -199,7 +208,12 @@ pub async fn messages(alive: &[usize], queue: &str) -> Option<u64> {
 pub async fn connection_node(alive: &[usize], name: &str) -> Option<usize> {
     let out = ctl_any(
         alive,
-        &["list_connections", "--no-table-headers", "pid", "client_properties"],
+        &[
+            "list_connections",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ],
     )
     .await
     .ok()?;
@@ -279,4 +293,58 @@ impl ReadinessLog {
             .position(|(t, r)| *t >= after && !r)
             .is_some_and(|i| c[i..].iter().any(|(_, r)| *r))
     }
+}
+
+/// The dead-letter backlog of quorum queue `queue` (messages its broker has
+/// discarded, e.g. expired on a rung, but not yet seen confirmed by their
+/// target): `rabbit_fifo:query_stat_dlx/1` on its local member, raw.
+pub async fn dlx_backlog(alive: &[usize], queue: &str) -> String {
+    let expr = format!(
+        "ra:local_query({{'%2F_{}', node()}}, fun rabbit_fifo:query_stat_dlx/1).",
+        queue.replace('\'', "")
+    );
+    ctl_any(alive, &["eval", &expr])
+        .await
+        .unwrap_or_else(|e| e)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether every member of quorum queue `queue` is up as leader or follower,
+/// with a commit index within `lag` entries of the leader's
+/// (`rabbitmq-queues quorum_status`). A node restarted after a kill has
+/// rejoined the cluster before its members have caught up; killing the
+/// leader before they have leaves the queue without a quorum of current
+/// members.
+pub async fn members_in_sync(alive: &[usize], queue: &str, lag: u64) -> bool {
+    for &i in alive {
+        let mut cmd = Command::new("timeout");
+        cmd.args(["30", "rabbitmq-queues", "-q", "-n"])
+            .arg(node_name(i))
+            .args(["quorum_status", queue, "--formatter", "json"]);
+        let Ok(Ok(out)) = tokio::task::spawn_blocking(move || cmd.output()).await else {
+            continue;
+        };
+        if !out.status.success() {
+            continue;
+        }
+        let Ok(members) = serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout) else {
+            continue;
+        };
+        let states: Vec<(String, u64)> = members
+            .iter()
+            .map(|m| {
+                (
+                    m["Raft State"].as_str().unwrap_or("down").to_owned(),
+                    m["Commit Index"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        let leader = states.iter().find(|(s, _)| s == "leader").map(|(_, c)| *c);
+        return states.len() == NODES.len()
+            && states.iter().all(|(s, _)| s == "leader" || s == "follower")
+            && leader.is_some_and(|l| states.iter().all(|(_, c)| c + lag >= l));
+    }
+    false
 }

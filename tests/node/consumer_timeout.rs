@@ -84,7 +84,10 @@ async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_
     let t0 = Instant::now();
     client.publish(&q, b"hold").await;
     assert!(
-        eventually(SECS(10), || async { calls.held.load(Ordering::SeqCst) == 1 }).await,
+        eventually(SECS(10), || async {
+            calls.held.load(Ordering::SeqCst) == 1
+        })
+        .await,
         "the long handler started"
     );
     // The broker closes the channel holding the unacked delivery about a
@@ -141,5 +144,5 @@ async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_
         counts(&q).await
     );
     assert_eq!(calls.held.load(Ordering::SeqCst), 1, "held once");
-    client.delete(&[q.clone()]).await;
+    client.delete(std::slice::from_ref(&q)).await;
 }

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
-use lapin::Confirmation;
 use lapin::types::FieldTable;
+use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 /// The node's short name (`acemq-fault@localhost`).
@@ -84,7 +84,8 @@ impl Node {
     /// Brings the node up (or finds it up), or fails the test saying why.
     pub fn up() -> Node {
         let lock = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let conf = std::env::temp_dir().join(format!("acemq-node-test-{}.conf", std::process::id()));
+        let conf =
+            std::env::temp_dir().join(format!("acemq-node-test-{}.conf", std::process::id()));
         std::fs::write(&conf, NODE_CONF).expect("write the node's extra config");
         let t0 = Instant::now();
         let out = Command::new("bash")
