@@ -348,3 +348,24 @@ pub async fn members_in_sync(alive: &[usize], queue: &str, lag: u64) -> bool {
     }
     false
 }
+
+/// How many discarded messages quorum queue `queue` holds in its
+/// dead-letter backlog (expired on a rung, not yet confirmed by their
+/// target): the first number of [`dlx_backlog`]'s `{Count, Bytes}`.
+pub async fn dlx_backlog_count(alive: &[usize], queue: &str) -> Option<u64> {
+    let raw = dlx_backlog(alive, queue).await;
+    // {ok,{{Index,Term},{Count,Bytes}}, ...}
+    let after = raw.split("},{").nth(1)?;
+    after.split(',').next()?.trim().parse().ok()
+}
+
+/// Restarts the Ra server leading quorum queue `queue` (kills the process;
+/// its supervisor starts it again and another member takes over). On
+/// RabbitMQ 3.10.8 this makes a stalled at-least-once dead-letter worker
+/// start again: an operator's workaround, used only when the test saw the
+/// backlog stall.
+pub async fn restart_queue_leader_process(alive: &[usize], queue: &str) -> Result<String, String> {
+    let lead = leader(alive, queue).await.ok_or("no leader known")?;
+    let expr = format!("exit(whereis('%2F_{}'), kill).", queue.replace('\'', ""));
+    ctl(lead, &["eval", &expr]).await.map(|_| node_name(lead))
+}
