@@ -26,8 +26,8 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use crate::proxy::Proxy;
 use crate::support::{
-    all_queues, eventually, queue_counts, shop_binary, unique, Broker, CapturedLogs,
-    QueueCleanup, ShopProcess,
+    all_queues, eventually, queue_counts, shop_binary, unique, Broker, CapturedLogs, QueueCleanup,
+    ShopProcess,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -64,7 +64,7 @@ fn message_id(d: &Delivery) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(d.body()).into_owned())
 }
 
-/// Samples `health` on a thread of its own every millisecond until dropped:
+/// Samples `health` on a thread of its own every 250 µs until dropped:
 /// whether readiness was ever seen false, and the most handlers in flight
 /// seen on any queue.
 struct HealthSampler {
@@ -89,7 +89,7 @@ impl HealthSampler {
                 for q in &snap.queues {
                     m.fetch_max(q.in_flight, Ordering::SeqCst);
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::sleep(Duration::from_micros(250));
             }
         });
         HealthSampler {
@@ -128,6 +128,7 @@ struct Starts {
     finished: Mutex<HashSet<String>>,
     running: AtomicUsize,
     max_running: AtomicUsize,
+    last_start: Mutex<Option<Instant>>,
 }
 
 impl Starts {
@@ -141,6 +142,13 @@ impl Starts {
 
     fn running(&self) -> usize {
         self.running.load(Ordering::SeqCst)
+    }
+
+    fn since_last_start(&self) -> Duration {
+        self.last_start
+            .lock()
+            .unwrap()
+            .map_or(Duration::MAX, |t| t.elapsed())
     }
 
     /// Starts beyond the first, in all, and the ids started more than once.
@@ -181,6 +189,7 @@ async fn a_connection_lost_with_a_full_prefetch_buffer_starts_no_more_work_from_
         async move {
             let id = message_id(&d);
             *s.per_id.lock().unwrap().entry(id.clone()).or_default() += 1;
+            *s.last_start.lock().unwrap() = Some(Instant::now());
             let now = s.running.fetch_add(1, Ordering::SeqCst) + 1;
             s.max_running.fetch_max(now, Ordering::SeqCst);
             let _running = Running(s.clone());
@@ -210,10 +219,14 @@ async fn a_connection_lost_with_a_full_prefetch_buffer_starts_no_more_work_from_
     publish_with_ids(&mut broker, &q, "m", MESSAGES).await;
 
     // Mid-flow: two handlers running, a full buffer behind them (the broker
-    // still holds the rest, so prefetch is the limit).
+    // still holds the rest, so prefetch is the limit). Cut within 100 ms of a
+    // start, so no handler is about to finish (its ack in flight would be
+    // one duplicate more: the bound is the handlers running at the cut).
     assert!(
         eventually(SECS(15), || async {
-            starts.finished() >= 2 && starts.running() == CONCURRENCY
+            starts.finished() >= 2
+                && starts.running() == CONCURRENCY
+                && starts.since_last_start() < Duration::from_millis(100)
         })
         .await,
         "two handlers running after the first finished"
@@ -222,7 +235,10 @@ async fn a_connection_lost_with_a_full_prefetch_buffer_starts_no_more_work_from_
     let running_at_cut = starts.running();
     let started_at_cut = starts.total();
     proxy.cut();
-    assert!(ready_at_cut > 0, "the buffer was full at the cut (the broker still held {ready_at_cut})");
+    assert!(
+        ready_at_cut > 0,
+        "the buffer was full at the cut (the broker still held {ready_at_cut})"
+    );
     assert!(
         eventually(SECS(10), || async { !health.is_ready() }).await,
         "readiness goes false once the connection is lost"
@@ -243,19 +259,15 @@ async fn a_connection_lost_with_a_full_prefetch_buffer_starts_no_more_work_from_
     let max_in_flight = sampler.max_in_flight();
     drop(sampler);
     eprintln!(
-        "at the cut: {running_at_cut} running, {started_at_cut} started, {ready_at_cut} still in the broker; \
+        "--- at the cut: {running_at_cut} running, {started_at_cut} started, {ready_at_cut} still in the broker; \
          duplicate starts {duplicates} ({twice:?}); most handlers at once {max_running}, \
          most in_flight in the health snapshot {max_in_flight}; {report:?}"
     );
     assert!(
-        duplicates <= CONCURRENCY,
-        "starts per id: {duplicates} duplicate starts, bound {CONCURRENCY} (the handlers running at the cut: {running_at_cut}); \
-         started more than once: {twice:?}"
-    );
-    assert!(
-        max_running <= CONCURRENCY && max_in_flight <= CONCURRENCY,
-        "concurrency {CONCURRENCY} across generations: at most {max_running} handlers ran at once \
-         (health snapshot in_flight at most {max_in_flight})"
+        duplicates <= CONCURRENCY && max_running <= CONCURRENCY && max_in_flight <= CONCURRENCY,
+        "starts per id: {duplicates} duplicate starts, bound {CONCURRENCY} (the handlers running at the cut: \
+         {running_at_cut}); concurrency {CONCURRENCY} across generations: at most {max_running} handlers ran at \
+         once (health snapshot in_flight at most {max_in_flight}); started more than once: {twice:?}"
     );
     assert_eq!(broker.ready(&q).await, Some(0), "everything settled");
     broker.delete(&all_queues(&q)).await;
@@ -340,15 +352,11 @@ async fn a_reject_from_a_handler_of_a_lost_connection_is_dropped_so_the_dead_let
     // abandoned by the fix: wait for the copy of the redelivered attempt, then
     // (bounded) for a second copy that must not come.
     assert!(
-        broker.wait_ready(&dlq, 1, SECS(10)).await
-            || broker.ready(&dlq).await.unwrap_or(0) > 1,
+        broker.wait_ready(&dlq, 1, SECS(10)).await || broker.ready(&dlq).await.unwrap_or(0) > 1,
         "the redelivered attempt's copy reached {dlq}: {:?} there",
         broker.ready(&dlq).await
     );
-    let _ = eventually(SECS(3), || async {
-        returned.load(Ordering::SeqCst) == 2
-    })
-    .await;
+    let _ = eventually(SECS(3), || async { returned.load(Ordering::SeqCst) == 2 }).await;
     let second_copy = broker.wait_ready(&dlq, 2, SECS(3)).await;
     let copies = broker.ready(&dlq).await;
     eprintln!(
@@ -589,7 +597,11 @@ async fn sighup_and_sigquit_drain_like_sigterm_and_exit_0() {
     for (_, q, shop, _) in &shops {
         shop.wait_ready().await;
         broker
-            .publish(q, br#"{"id":"o-hup","work_ms":1000}"#, FieldTable::default())
+            .publish(
+                q,
+                br#"{"id":"o-hup","work_ms":1000}"#,
+                FieldTable::default(),
+            )
             .await;
         shop.wait_in_flight(1).await;
     }
@@ -626,8 +638,8 @@ async fn sighup_and_sigquit_drain_like_sigterm_and_exit_0() {
 // ---- Item 7: a second signal while `basic.cancel` hangs; drain honesty.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_sigterm_while_basic_cancel_hangs_ends_the_drain_without_waiting_out_the_deadline(
-) {
+async fn a_second_sigterm_while_basic_cancel_hangs_ends_the_drain_without_waiting_out_the_deadline()
+{
     let q = unique("faults-cancelhang");
     let _cleanup = QueueCleanup::new(all_queues(&q));
     let mut broker = Broker::new().await;
@@ -641,7 +653,11 @@ async fn a_second_sigterm_while_basic_cancel_hangs_ends_the_drain_without_waitin
     );
     shop.wait_ready().await;
     broker
-        .publish(q.as_str(), br#"{"id":"o-stalled","work_ms":60000}"#, FieldTable::default())
+        .publish(
+            q.as_str(),
+            br#"{"id":"o-stalled","work_ms":60000}"#,
+            FieldTable::default(),
+        )
         .await;
     shop.wait_in_flight(1).await;
 
@@ -684,9 +700,10 @@ async fn a_drain_whose_consumer_never_answers_its_cancel_reports_a_timeout_namin
         queues: vec![QueueConfig::new(q.clone())],
         ..Config::default()
     };
-    let app = App::new(config)
-        .amqp_addr(proxy.amqp_addr())
-        .consume(&q, tower::service_fn(|_d: Delivery| async { Ok::<(), BoxError>(()) }));
+    let app = App::new(config).amqp_addr(proxy.amqp_addr()).consume(
+        &q,
+        tower::service_fn(|_d: Delivery| async { Ok::<(), BoxError>(()) }),
+    );
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
     assert!(health.is_ready());
