@@ -10,9 +10,11 @@
 //!
 //! [`Proxy::stall`] stops forwarding in both directions without closing
 //! anything (a network that silently drops packets, or a broker that stopped
-//! answering): every request through it hangs until a cut. [`Proxy::upstream_ports`] names the local ports of the proxy's
-//! connections to the broker (the `peer_port` `rabbitmqctl list_connections`
-//! shows for them), so a test can find its own connections in the broker's list.
+//! answering): every request through it hangs until a cut.
+//! [`Proxy::upstream_ports`] names the local ports of the proxy's
+//! connections to the broker (the `peer_port` that `rabbitmqctl
+//! list_connections` shows for them), so a test can find its own
+//! connections in the broker's list.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
