@@ -246,14 +246,17 @@ async fn main() -> ExitCode {
 
     let stats = Arc::new(Stats::default());
     let handler_stats = stats.clone();
-    let app = App::new(config).connection_name("acemq-shop").consume(
+    // Unique per process, so an operator can tell instances apart.
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_owned());
+    let name = format!("acemq-shop@{host}:{}", std::process::id());
+    let app = App::new(config).connection_name(name).consume(
         &args.queue,
         tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
     );
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.
-    let signals = acemq::app::Signals::install();
-    let running = match app.start().await {
+    let mut signals = acemq::app::Signals::install();
+    let running = match app.start_until(signals.stop()).await {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };
