@@ -306,28 +306,11 @@ where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Send + 'static,
 {
-    let span = tracing::info_span!(
-        "acemq.process",
-        otel.name = %format_args!("{} process", queue),
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "process",
-        messaging.destination.name = raw.exchange.as_str(),
-        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
-        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
-        messaging.message.id = tracing::field::Empty,
-        acemq.queue = %queue,
-        acemq.attempt = tracing::field::Empty,
-        acemq.redelivered = raw.redelivered,
-    );
+    let span = crate::span::process_span(queue, &raw);
     let (delivery, acker) = span.in_scope(|| delivery_from_lapin(queue, raw));
-    if !span.is_disabled() {
-        span.record("acemq.attempt", delivery.attempt());
-        if let Some(id) = &delivery.properties().message_id {
-            span.record("messaging.message.id", id.as_str());
-        }
-    }
+    crate::span::record_delivery(&span, &delivery);
     let started = Instant::now();
-    let fut = service.call(delivery);
+    let fut = span.in_scope(|| service.call(delivery));
     async move {
         let decision = match fut.await {
             Ok(d) => d,
@@ -341,6 +324,7 @@ where
                 })
             }
         };
+        crate::span::record_decision(&tracing::Span::current(), &decision);
         (decision, acker, started)
     }
     .instrument(span)

@@ -108,6 +108,7 @@ impl Publisher {
             queue: target.clone(),
             message: e.to_string(),
         };
+        let properties = crate::otel::inject_properties(properties);
         let ch = self.usable_channel().await.map_err(transport)?;
         let confirm = ch
             .basic_publish(
@@ -143,7 +144,8 @@ impl Publisher {
 }
 
 impl Publish for Publisher {
-    async fn publish(&self, message: Outgoing<'_>) -> Result<(), PublishError> {
+    async fn publish(&self, mut message: Outgoing<'_>) -> Result<(), PublishError> {
+        crate::otel::inject_copy(&mut message.headers);
         let props = properties_to_lapin(message.delivery.properties(), &message.headers);
         Publisher::publish(self, "", message.queue, message.delivery.body(), props).await
     }
