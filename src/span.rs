@@ -32,10 +32,10 @@ pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span 
         messaging.operation.type = "process",
         messaging.destination.name = raw.exchange.as_str(),
         messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
-        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
+        messaging.rabbitmq.message.delivery_tag = int(raw.delivery_tag),
         messaging.message.id = Empty,
         messaging.message.conversation_id = Empty,
-        messaging.message.body.size = raw.data.len(),
+        messaging.message.body.size = int(raw.data.len() as u64),
         acemq.queue = queue,
         acemq.attempt = Empty,
         acemq.redelivered = raw.redelivered,
@@ -57,7 +57,7 @@ pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span 
 
 /// Records what is known once the delivery is converted: its attempt number.
 pub(crate) fn record_delivery(span: &Span, delivery: &Delivery) {
-    span.record("acemq.attempt", delivery.attempt());
+    span.record("acemq.attempt", i64::from(delivery.attempt()));
 }
 
 /// Records the decision: the outcome, and on dead-letter the reason and an
@@ -74,6 +74,12 @@ pub(crate) fn record_decision(span: &Span, decision: &Decision) {
         truncate(&mut description, MAX_STATUS_LEN);
         span.record("otel.status_description", description.as_str());
     }
+}
+
+/// Integers go to spans as `i64`: tracing-opentelemetry records a `u64` as
+/// text, and the conventions want integer attributes.
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary, ending in `…`.

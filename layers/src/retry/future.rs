@@ -253,7 +253,7 @@ where
             "acemq.attempt",
             otel.name = %format_args!("attempt {}", delivery.queue()),
             acemq.queue = %delivery.queue(),
-            acemq.attempt = next,
+            acemq.attempt = i64::from(next),
         );
         let call = span.in_scope(|| service.call(delivery.clone()));
         match call.instrument(span).await {
