@@ -108,4 +108,14 @@ mod tests {
         truncate(&mut short, 512);
         assert_eq!(short, "max-attempts: boom");
     }
+
+    #[test]
+    fn a_delivery_logged_with_debug_shows_its_body_length_not_its_bytes() {
+        let delivery = acemq_layers::Delivery::builder()
+            .body(bytes::Bytes::from_static(b"card 4111-1111"))
+            .build();
+        let shown = format!("{delivery:?}");
+        assert!(shown.contains("<14 bytes>"), "{shown}");
+        assert!(!shown.contains("4111"), "{shown}");
+    }
 }

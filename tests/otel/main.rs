@@ -516,3 +516,66 @@ async fn a_malformed_traceparent_starts_a_new_trace_with_one_warning_and_is_hand
     )]));
     assert!(!cx.span().span_context().is_valid());
 }
+
+/// The examples' default filter (`examples/shop.rs`).
+const EXAMPLES_FILTER: &str = "info,acemq::consumer=warn,lapin::returned_messages=off";
+
+#[tokio::test]
+async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_examples_turn_off() {
+    telemetry();
+    let q = unique("otel.returned");
+    let config = support::plain_config(&q);
+    let _cleanup = QueueCleanup::new(topology_queues(&config));
+    let running = start_consuming(
+        config,
+        &q,
+        service_fn(|_d: Delivery| async { Ok::<(), BoxError>(()) }),
+    )
+    .await;
+    let nowhere = unique("otel.no-such-queue");
+    let body = format!("returned-body-{}", std::process::id());
+    let result = running
+        .publisher()
+        .publish("", &nowhere, body.as_bytes(), BasicProperties::default())
+        .await;
+    running.drain().await.expect("clean drain");
+    assert!(
+        matches!(result, Err(acemq::layers::PublishError::Unroutable { .. })),
+        "{result:?}"
+    );
+    let logged: Vec<_> = telemetry()
+        .logs
+        .events()
+        .into_iter()
+        .filter(|(_, _, text)| {
+            text.contains(&body) || text.contains(&format!("{:?}", body.as_bytes()))
+        })
+        .collect();
+    // lapin-4.12.3 src/returned_messages.rs: `warn!(?message, "Server returned us a message")`.
+    assert!(
+        !logged.is_empty()
+            && logged
+                .iter()
+                .all(|(l, t, _)| *l == tracing::Level::WARN && t == "lapin::returned_messages"),
+        "{logged:#?}"
+    );
+    // The examples' default filter drops that target and keeps lapin's other warnings.
+    let filter = tracing_subscriber::EnvFilter::new(EXAMPLES_FILTER);
+    let logs = CapturedLogs::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(filter)
+        .with(logs.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::warn!(target: "lapin::returned_messages", "returned");
+        tracing::warn!(target: "lapin::channel", "kept");
+    });
+    let kept: Vec<_> = logs.events().into_iter().map(|(_, t, _)| t).collect();
+    assert_eq!(kept, ["lapin::channel"]);
+    for example in [
+        include_str!("../../examples/shop.rs"),
+        include_str!("../../examples/axum_side_by_side.rs"),
+        include_str!("../../examples/tracing_otlp.rs"),
+    ] {
+        assert!(example.contains("lapin::returned_messages=off"));
+    }
+}
