@@ -18,10 +18,10 @@ use std::time::Duration;
 use acemq::{BoxError, Delivery};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::{SpanId, Status, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry::Value;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tower::service_fn;
 use tracing::Instrument;
@@ -47,7 +47,10 @@ fn telemetry() -> &'static Telemetry {
             .with_simple_exporter(exporter.clone())
             .build();
         let tracer = provider.tracer("acemq-otel-test");
-        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
+            Box::new(TraceContextPropagator::new()),
+            Box::new(BaggagePropagator::new()),
+        ]));
         let logs = CapturedLogs::default();
         let filter = tracing_subscriber::filter::Targets::new()
             .with_target("acemq", tracing::Level::DEBUG)
@@ -578,4 +581,66 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
     ] {
         assert!(example.contains("lapin::returned_messages=off"));
     }
+}
+
+#[tokio::test]
+async fn a_handler_publishing_carries_its_delivery_span_and_the_baggage_on() {
+    telemetry();
+    let q = unique("otel.forward");
+    let out = format!("{q}.out");
+    let config = support::plain_config(&q);
+    let mut queues = topology_queues(&config);
+    queues.push(out.clone());
+    let _cleanup = QueueCleanup::new(queues);
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&out, FieldTable::default())
+        .await
+        .expect("declared");
+    let publisher: Arc<OnceLock<acemq::Publisher>> = Arc::new(OnceLock::new());
+    let handler = {
+        let publisher = publisher.clone();
+        let out = out.clone();
+        service_fn(move |_d: Delivery| {
+            let publisher = publisher.get().cloned();
+            let out = out.clone();
+            async move {
+                let publisher = publisher.ok_or("started")?;
+                publisher
+                    .publish("", &out, b"shipped", BasicProperties::default())
+                    .await?;
+                Ok::<(), BoxError>(())
+            }
+        })
+    };
+    let running = start_consuming(config, &q, handler).await;
+    let _ = publisher.set(running.publisher());
+    let (_span, tp, trace_id, producer_id) = producer(&format!("send {q}"));
+    broker
+        .publish(
+            &q,
+            b"order",
+            field_table(vec![
+                ("traceparent", long_str(&tp)),
+                ("baggage", long_str("tenant=acme")),
+            ]),
+        )
+        .await;
+    let forwarded = broker
+        .get_within(&out, Duration::from_secs(10))
+        .await
+        .expect("the handler published");
+    let spans = wait_spans(&q, &format!("process {q}"), 1).await;
+    running.drain().await.expect("clean drain");
+    let process = &spans[0];
+    assert_eq!(process.parent_span_id, producer_id);
+    let headers = message_headers(&forwarded.delivery.properties);
+    let h = |k: &str| headers.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    assert_eq!(
+        h("traceparent"),
+        Some(traceparent(trace_id, process.span_context.span_id())),
+        "the handler's publish is a child of the delivery's span"
+    );
+    assert_eq!(h("baggage").as_deref(), Some("tenant=acme"));
+    assert_eq!(h("x-acemq-original-traceparent"), None, "not a copy");
 }
