@@ -217,3 +217,72 @@ mod imp {
         properties.with_headers(table)
     }
 }
+
+#[cfg(all(test, feature = "opentelemetry"))]
+mod tests {
+    use acemq_layers::Headers;
+    use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::{inject, inject_copy};
+
+    /// Runs `f` with a tracing-opentelemetry subscriber on this thread.
+    fn with_otel(f: impl FnOnce()) {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("unit")));
+        tracing::subscriber::with_default(subscriber, f);
+    }
+
+    fn traceparent_of(span: &tracing::Span) -> String {
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        format!("00-{}-{}-01", sc.trace_id(), sc.span_id())
+    }
+
+    fn text(h: &Headers, k: &str) -> Option<String> {
+        h.get(k).and_then(|v| v.as_str()).map(str::to_owned)
+    }
+
+    const PRODUCER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn a_copy_carries_the_current_span_and_keeps_the_first_producers_context() {
+        with_otel(|| {
+            let mut headers = Headers::new();
+            headers.insert("traceparent", PRODUCER);
+            let first = tracing::info_span!("attempt one");
+            first.in_scope(|| inject_copy(&mut headers));
+            assert_eq!(text(&headers, "traceparent"), Some(traceparent_of(&first)));
+            assert_eq!(
+                text(&headers, "x-acemq-original-traceparent").as_deref(),
+                Some(PRODUCER)
+            );
+            // A copy of the copy: the producer's context stays the first one.
+            let second = tracing::info_span!("attempt two");
+            second.in_scope(|| inject_copy(&mut headers));
+            assert_eq!(text(&headers, "traceparent"), Some(traceparent_of(&second)));
+            assert_eq!(
+                text(&headers, "x-acemq-original-traceparent").as_deref(),
+                Some(PRODUCER)
+            );
+        });
+    }
+
+    #[test]
+    fn without_a_current_span_a_publish_keeps_its_headers_as_they_are() {
+        with_otel(|| {
+            let mut headers = Headers::new();
+            headers.insert("traceparent", PRODUCER);
+            inject(&mut headers);
+            assert_eq!(text(&headers, "traceparent").as_deref(), Some(PRODUCER));
+            let mut empty = Headers::new();
+            inject(&mut empty);
+            assert!(empty.is_empty(), "{empty:?}");
+        });
+    }
+}
