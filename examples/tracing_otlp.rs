@@ -23,8 +23,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use acemq::config::{QueueConfig, RetriesConfig};
+use acemq::layers::Properties;
 use acemq::{App, BoxError, Config, Delivery};
-use lapin::BasicProperties;
 use opentelemetry::propagation::TextMapCompositePropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
@@ -117,7 +117,8 @@ async fn main() -> ExitCode {
     let checkout = tracing::info_span!("checkout", otel.kind = "producer");
     let published = async {
         for body in [&b"ok"[..], b"fail"] {
-            let props = BasicProperties::default().with_message_id("order-1".into());
+            let mut props = Properties::default();
+            props.message_id = Some("order-1".to_owned());
             publisher.publish("", QUEUE, body, props).await?;
         }
         Ok::<(), acemq::layers::PublishError>(())

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use acemq::layers::Properties;
 use acemq::{BoxError, Delivery};
 use lapin::types::FieldTable;
-use lapin::BasicProperties;
 use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
 use opentelemetry::trace::{SpanId, Status, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry::Value;
@@ -216,14 +216,12 @@ async fn a_published_trace_context_is_the_parent_and_link_of_the_process_span() 
     // Through acemq's own publisher, inside the producer span: it injects.
     running
         .publisher()
-        .publish(
-            "",
-            &q,
-            b"card 4111-1111-1111-1111",
-            BasicProperties::default()
-                .with_message_id("order-1".into())
-                .with_correlation_id("conv-7".into()),
-        )
+        .publish("", &q, b"card 4111-1111-1111-1111", {
+            let mut p = Properties::default();
+            p.message_id = Some("order-1".to_owned());
+            p.correlation_id = Some("conv-7".to_owned());
+            p
+        })
         .instrument(span)
         .await
         .expect("published");
@@ -539,7 +537,7 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
     let body = format!("returned-body-{}", std::process::id());
     let result = running
         .publisher()
-        .publish("", &nowhere, body.as_bytes(), BasicProperties::default())
+        .publish("", &nowhere, body.as_bytes(), Properties::default())
         .await;
     running.drain().await.expect("clean drain");
     assert!(
@@ -607,7 +605,7 @@ async fn a_handler_publishing_carries_its_delivery_span_and_the_baggage_on() {
             async move {
                 let publisher = publisher.ok_or("started")?;
                 publisher
-                    .publish("", &out, b"shipped", BasicProperties::default())
+                    .publish("", &out, b"shipped", Properties::default())
                     .await?;
                 Ok::<(), BoxError>(())
             }
