@@ -96,6 +96,7 @@ async fn main() -> ExitCode {
         retry_panics: false,
     });
     let config = Config {
+        shutdown_timeout: Duration::from_secs(10),
         queues: vec![queue],
         ..Config::default()
     };
