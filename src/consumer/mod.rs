@@ -60,7 +60,8 @@ pub(crate) struct QueueStats {
     /// Deliveries handed back without being handled (policy `hand_back`,
     /// the pause gate, a drain-cancelled handler).
     pub(crate) handed_back: AtomicUsize,
-    /// Deliveries taken from the stream after `basic.cancel` was answered.
+    /// Deliveries fetched and not started when `basic.cancel` was answered,
+    /// plus those the stream yielded after.
     pub(crate) buffered_after_cancel: AtomicUsize,
     /// Handlers that finished after the drain began.
     pub(crate) finished_during_drain: AtomicUsize,
