@@ -15,7 +15,9 @@ mod consumer;
 pub mod convert;
 pub mod drain;
 pub mod health;
+mod otel;
 pub mod publisher;
+mod span;
 pub mod topology;
 
 pub use acemq_layers as layers;
