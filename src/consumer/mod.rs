@@ -520,7 +520,9 @@ where
         })
         .await;
         st.publish_gauges(0);
-        if channel.status().connected() {
+        // In a drain, the drain closes the channel (and reports a close the
+        // broker does not answer); otherwise the loop does.
+        if channel.status().connected() && !intake.is_cancelled() {
             // Every settle is done: closing returns what the broker sent
             // ahead and what was abandoned.
             let _ = tokio::time::timeout(
