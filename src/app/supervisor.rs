@@ -351,9 +351,27 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installe
         }
         info!(queue = %q.name, "consuming");
         tokio::pin!(join);
-        let why = tokio::select! {
-            why = ended => why.map_err(|_| None),
-            res = &mut join => Err(Some(res)),
+        let mut ended = ended;
+        let gate = &shared.slots[index].gate;
+        let bound = shared.config.pause_hand_back_after;
+        let mut parked = false;
+        let why = loop {
+            tokio::select! {
+                why = &mut ended => break why.map_err(|_| None),
+                res = &mut join => break Err(Some(res)),
+                () = gate.paused_for(bound), if !parked => {
+                    parked = true;
+                    stats.parked.store(true, Ordering::Release);
+                    info!(queue = %q.name, "paused for longer than pause_hand_back_after ({bound:?}): its consumer is cancelled and its deliveries handed back, so other instances take the work; resume consumes it again");
+                    let tag = format!("{}-{}", shared.name, q.name);
+                    let cancel = channel.basic_cancel(tag.as_str().into(), lapin::options::BasicCancelOptions::default());
+                    if let Err(e) = tokio::time::timeout(Duration::from_secs(2), cancel).await.unwrap_or(Ok(())) {
+                        warn!(queue = %q.name, "basic.cancel failed ({e}); closing the channel hands the deliveries back instead");
+                        let _ = tokio::time::timeout(Duration::from_secs(2), channel.close(200, "paused".into())).await;
+                    }
+                    gate.hand_back_held();
+                }
+            }
         };
         let why = match why {
             Ok(why) => Some(why),
@@ -452,6 +470,14 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installe
                 if !sleep_or_stop(&shared, delay).await {
                     return;
                 }
+            }
+            Some(End::Parked) => {
+                tokio::select! {
+                    () = shared.intake.cancelled() => return,
+                    () = gate.resumed() => {}
+                }
+                stats.parked.store(false, Ordering::Release);
+                info!(queue = %q.name, "resumed: consuming the queue again");
             }
             Some(End::ServiceFailed(why)) => {
                 tracing::debug!(queue = %q.name, "the stack failed: {why}");
