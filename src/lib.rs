@@ -15,6 +15,10 @@ mod consumer;
 pub mod convert;
 pub mod drain;
 pub mod health;
+#[cfg(feature = "postgres")]
+pub mod inbox;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 pub mod publisher;
 pub mod topology;
 

@@ -166,4 +166,3 @@ where
             .finish()
     }
 }
-

@@ -80,7 +80,10 @@ impl MemoryInbox {
 
     /// How many keys are marked.
     pub fn len(&self) -> usize {
-        self.keys.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Whether no key is marked.

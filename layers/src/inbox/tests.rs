@@ -44,8 +44,18 @@ async fn a_second_delivery_of_the_same_id_on_the_same_queue_is_skipped() {
     let store = MemoryInbox::new();
     let work = Work::default();
     let mut svc = InboxLayer::new(store.clone()).layer(work.service());
-    let a = svc.ready().await.unwrap().call(delivery("q", Some("m1"))).await;
-    let b = svc.ready().await.unwrap().call(delivery("q", Some("m1"))).await;
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
     assert_eq!(a.unwrap(), InboxOutcome::Handled(()));
     assert_eq!(b.unwrap(), InboxOutcome::Duplicate);
     assert_eq!(work.calls.load(Ordering::SeqCst), 1);
@@ -57,7 +67,12 @@ async fn the_same_id_on_another_queue_is_handled_again() {
     let work = Work::default();
     let mut svc = InboxLayer::new(MemoryInbox::new()).layer(work.service());
     for q in ["a", "b"] {
-        let r = svc.ready().await.unwrap().call(delivery(q, Some("m1"))).await;
+        let r = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(delivery(q, Some("m1")))
+            .await;
         assert_eq!(r.unwrap(), InboxOutcome::Handled(()));
     }
     assert_eq!(work.calls.load(Ordering::SeqCst), 2);
@@ -69,10 +84,20 @@ async fn a_failed_handler_leaves_no_mark_so_the_redelivery_is_handled() {
     let work = Work::default();
     work.fail_first.store(1, Ordering::SeqCst);
     let mut svc = InboxLayer::new(store.clone()).layer(work.service());
-    let first = svc.ready().await.unwrap().call(delivery("q", Some("m1"))).await;
+    let first = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
     assert_eq!(first.unwrap_err().to_string(), "transient");
     assert!(!store.contains("q", "m1"), "rolled back with the work");
-    let again = svc.ready().await.unwrap().call(delivery("q", Some("m1"))).await;
+    let again = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
     assert_eq!(again.unwrap(), InboxOutcome::Handled(()));
     assert_eq!(work.calls.load(Ordering::SeqCst), 2);
 }
@@ -98,7 +123,10 @@ async fn a_delivery_without_message_id_is_rejected_when_configured() {
         .service(work.service());
     let err = svc.oneshot(delivery("orders", None)).await.unwrap_err();
     assert!(err.is::<Reject>(), "permanent: {err}");
-    assert!(err.to_string().contains("\"orders\" has no message id"), "{err}");
+    assert!(
+        err.to_string().contains("\"orders\" has no message id"),
+        "{err}"
+    );
     assert_eq!(work.calls.load(Ordering::SeqCst), 0);
 }
 
