@@ -90,6 +90,12 @@ pub use publish::{OutboxPublish, StandalonePublisher};
 pub use relay::{Relay, RelayConfig, RelayHandle, RelayStats};
 pub use schema::migrate;
 
+/// The connection pool acemq is built on.
+pub use deadpool_postgres;
+/// The PostgreSQL client acemq is built on (the same version: use it for
+/// your own statements).
+pub use tokio_postgres;
+
 /// Why an outbox (or inbox store) operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
