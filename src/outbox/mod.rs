@@ -60,7 +60,7 @@
 //!
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = outbox::pool("host=127.0.0.1 user=postgres dbname=shop", 8)?;
-//! outbox::migrate(&pool.get().await?).await?;
+//! outbox::migrate(&*pool.get().await?).await?;
 //! let relay = Relay::new(
 //!     pool.clone(),
 //!     StandalonePublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f", "shop-relay"),

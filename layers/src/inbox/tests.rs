@@ -7,8 +7,10 @@ use super::*;
 use crate::{BoxError, Delivery, Properties, Reject};
 
 fn delivery(queue: &str, id: Option<&str>) -> Delivery {
-    let mut props = Properties::default();
-    props.message_id = id.map(str::to_owned);
+    let props = Properties {
+        message_id: id.map(str::to_owned),
+        ..Properties::default()
+    };
     Delivery::builder().queue(queue).properties(props).build()
 }
 
