@@ -233,6 +233,13 @@ fn main() {
         let store = PgInbox::new(pool.clone());
         let mut next = 0;
         for concurrency in [1, 8] {
+            // Warm-up: the pool opens its connections, statements get prepared.
+            let p = pool.clone();
+            drive(tower::service_fn(move |d: Delivery| plain_work(p.clone(), d)), next, 200, concurrency).await;
+            next += 200;
+            let warm = ServiceBuilder::new().layer(InboxLayer::new(store.clone())).service_fn(inbox_work);
+            drive(warm, next, 200, concurrency).await;
+            next += 200;
             let (mut plain, mut inboxed) = (Vec::new(), Vec::new());
             for _ in 0..runs {
                 let p = pool.clone();
