@@ -207,7 +207,7 @@ fn main() {
             .await
             .expect("declare");
 
-        println!("# outbox relay: {rows} rows per run, {runs} runs, 256 B-ish JSON bodies");
+        println!("# outbox relay: {rows} rows per run, {runs} runs, ~30 B JSON bodies");
         println!("| shape | median rows/s | runs (rows/s) |");
         println!("|---|---:|---|");
         let mut enqueue_rates = Vec::new();
