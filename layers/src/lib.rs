@@ -67,6 +67,7 @@ mod error;
 pub mod headers;
 pub mod in_flight;
 pub mod inbox;
+mod lifeline;
 pub mod pause;
 mod publish;
 pub mod retry;
@@ -83,6 +84,7 @@ pub use error::{
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
 pub use inbox::{Inbox, InboxLayer, InboxStore};
+pub use lifeline::{Cancellation, Lifeline};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

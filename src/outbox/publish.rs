@@ -9,7 +9,6 @@ use acemq_layers::PublishError;
 
 use super::OutboxRecord;
 use crate::connection::connect;
-use crate::convert::properties_to_lapin;
 use crate::topology::Topology;
 use crate::Publisher;
 
@@ -30,16 +29,12 @@ pub trait OutboxPublish: Send + Sync + 'static {
 // changes.
 impl OutboxPublish for Publisher {
     async fn publish(&self, record: &OutboxRecord) -> Result<(), PublishError> {
-        let mut props = properties_to_lapin(&record.properties, &record.headers);
-        if let Some(ttl) = &record.properties.expiration {
-            props = props.with_expiration(ttl.as_str().into());
-        }
-        Publisher::publish(
-            self,
+        self.publish_with_headers(
             &record.exchange,
             &record.routing_key,
             &record.body,
-            props,
+            record.properties.clone(),
+            &record.headers,
         )
         .await
     }
@@ -107,7 +102,7 @@ impl StandalonePublisher {
     /// Closes the connection, if open.
     pub async fn close(&self) {
         if let Some((p, conn)) = self.current.lock().await.take() {
-            p.close().await;
+            p.close();
             let _ = conn.close(200, "OK".into()).await;
         }
     }
