@@ -188,7 +188,7 @@ fn main() {
         let db = format!("acemq_bench_{}_{nanos}", std::process::id());
         admin().await.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create db");
         let pool = outbox::pool(&format!("{} dbname={db}", pg_base()), 16).expect("pool");
-        outbox::migrate(&*pool.get().await.expect("conn")).await.expect("migrate");
+        outbox::migrate(&pool.get().await.expect("conn")).await.expect("migrate");
         pool.get()
             .await
             .expect("conn")
