@@ -80,6 +80,13 @@ pub struct Config {
     /// What a drain does with deliveries the broker sent ahead that no
     /// handler has started (default [`PrefetchPolicy::HandBack`]).
     pub prefetch_policy: PrefetchPolicy,
+    /// How long an operator pause may hold a queue's deliveries before they
+    /// are handed back to the broker and the queue's consumer is cancelled,
+    /// so other instances take the work (and the broker's
+    /// `consumer_timeout`, 30 min by default, is never reached); resume
+    /// consumes again (default 30 s; `0` hands back at once).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub pause_hand_back_after: Duration,
     /// The queues to consume, started in this order (no default: at least
     /// one is required).
     pub queues: Vec<QueueConfig>,
@@ -205,6 +212,20 @@ impl AckBatch {
             .count
             .unwrap_or_else(|| (usize::from(prefetch) / 2).clamp(1, AckBatch::DEFAULT_MAX_COUNT));
         (count, self.delay.unwrap_or(AckBatch::DEFAULT_DELAY))
+    }
+}
+
+impl RetriesConfig {
+    /// The config form of a policy given in code.
+    pub fn from_policy(p: &RetryPolicy) -> Self {
+        RetriesConfig {
+            max_attempts: p.max_attempts,
+            initial_delay: p.initial_delay,
+            max_delay: p.max_delay,
+            broker_wait_threshold: p.broker_wait_threshold,
+            jitter: p.jitter,
+            retry_panics: p.retry_panics,
+        }
     }
 }
 
@@ -381,6 +402,7 @@ impl Default for Config {
             host_timeout: Config::DEFAULT_HOST_TIMEOUT,
             connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             prefetch_policy: PrefetchPolicy::HandBack,
+            pause_hand_back_after: Config::DEFAULT_PAUSE_HAND_BACK_AFTER,
             queues: Vec::new(),
         }
     }
@@ -395,6 +417,8 @@ impl Config {
     pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default `connect_timeout`: 10 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The default `pause_hand_back_after`: 30 s.
+    pub const DEFAULT_PAUSE_HAND_BACK_AFTER: Duration = Duration::from_secs(30);
 
     /// Reads, parses and validates a config file, choosing the format by its
     /// extension: `.yaml`/`.yml`, `.toml` or `.json`.
