@@ -15,7 +15,11 @@ mod consumer;
 pub mod convert;
 pub mod drain;
 pub mod health;
+#[cfg(feature = "postgres")]
+pub mod inbox;
 mod otel;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 pub mod publisher;
 mod span;
 pub mod stack;

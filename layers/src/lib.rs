@@ -14,6 +14,7 @@
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
 //! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
 //! | [`cancel`] | a child token per request; abandons after a grace period | running handlers |
+//! | [`inbox`] | skips a delivery already processed, per (queue, message id); yours to add around the handler | — |
 //!
 //! # Order
 //!
@@ -65,6 +66,7 @@ mod delivery;
 mod error;
 pub mod headers;
 pub mod in_flight;
+pub mod inbox;
 mod lifeline;
 pub mod pause;
 mod publish;
@@ -81,6 +83,7 @@ pub use error::{
 };
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};

@@ -1,0 +1,146 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+use super::*;
+use crate::{BoxError, Delivery, Properties, Reject};
+
+fn delivery(queue: &str, id: Option<&str>) -> Delivery {
+    let props = Properties {
+        message_id: id.map(str::to_owned),
+        ..Properties::default()
+    };
+    Delivery::builder().queue(queue).properties(props).build()
+}
+
+#[derive(Clone, Default)]
+struct Work {
+    calls: Arc<AtomicUsize>,
+    fail_first: Arc<AtomicUsize>,
+}
+
+impl Work {
+    fn service(&self) -> impl Service<Delivery, Response = (), Error = BoxError> + Clone {
+        let this = self.clone();
+        tower::service_fn(move |d: Delivery| {
+            let this = this.clone();
+            async move {
+                assert!(
+                    d.extensions().get::<MemoryTransaction>().is_some(),
+                    "the handler gets the inbox's transaction"
+                );
+                this.calls.fetch_add(1, Ordering::SeqCst);
+                if this.fail_first.load(Ordering::SeqCst) > 0 {
+                    this.fail_first.fetch_sub(1, Ordering::SeqCst);
+                    return Err::<(), BoxError>("transient".into());
+                }
+                Ok(())
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_delivery_of_the_same_id_on_the_same_queue_is_skipped() {
+    let store = MemoryInbox::new();
+    let work = Work::default();
+    let mut svc = InboxLayer::new(store.clone()).layer(work.service());
+    let a = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
+    let b = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
+    assert_eq!(a.unwrap(), InboxOutcome::Handled(()));
+    assert_eq!(b.unwrap(), InboxOutcome::Duplicate);
+    assert_eq!(work.calls.load(Ordering::SeqCst), 1);
+    assert!(store.contains("q", "m1"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_same_id_on_another_queue_is_handled_again() {
+    let work = Work::default();
+    let mut svc = InboxLayer::new(MemoryInbox::new()).layer(work.service());
+    for q in ["a", "b"] {
+        let r = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(delivery(q, Some("m1")))
+            .await;
+        assert_eq!(r.unwrap(), InboxOutcome::Handled(()));
+    }
+    assert_eq!(work.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_handler_leaves_no_mark_so_the_redelivery_is_handled() {
+    let store = MemoryInbox::new();
+    let work = Work::default();
+    work.fail_first.store(1, Ordering::SeqCst);
+    let mut svc = InboxLayer::new(store.clone()).layer(work.service());
+    let first = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
+    assert_eq!(first.unwrap_err().to_string(), "transient");
+    assert!(!store.contains("q", "m1"), "rolled back with the work");
+    let again = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(delivery("q", Some("m1")))
+        .await;
+    assert_eq!(again.unwrap(), InboxOutcome::Handled(()));
+    assert_eq!(work.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivery_without_message_id_is_handled_by_default_and_leaves_no_mark() {
+    let store = MemoryInbox::new();
+    let work = Work::default();
+    let mut svc = InboxLayer::new(store.clone()).layer(work.service());
+    for _ in 0..2 {
+        let r = svc.ready().await.unwrap().call(delivery("q", None)).await;
+        assert_eq!(r.unwrap(), InboxOutcome::Handled(()));
+    }
+    assert_eq!(work.calls.load(Ordering::SeqCst), 2);
+    assert!(store.is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivery_without_message_id_is_rejected_when_configured() {
+    let work = Work::default();
+    let svc = ServiceBuilder::new()
+        .layer(InboxLayer::new(MemoryInbox::new()).missing_id(MissingId::Reject))
+        .service(work.service());
+    let err = svc.oneshot(delivery("orders", None)).await.unwrap_err();
+    assert!(err.is::<Reject>(), "permanent: {err}");
+    assert!(
+        err.to_string().contains("\"orders\" has no message id"),
+        "{err}"
+    );
+    assert_eq!(work.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_handler_future_dropped_unfinished_leaves_no_mark() {
+    let store = MemoryInbox::new();
+    let svc = InboxLayer::new(store.clone()).layer(tower::service_fn(|_d: Delivery| async {
+        std::future::pending::<()>().await;
+        Ok::<_, BoxError>(())
+    }));
+    let fut = svc.oneshot(delivery("q", Some("m1")));
+    let polled = tokio::time::timeout(std::time::Duration::from_millis(10), fut).await;
+    assert!(polled.is_err());
+    assert!(!store.contains("q", "m1"));
+}

@@ -1,0 +1,150 @@
+//! The transactional outbox on PostgreSQL (feature `postgres`): a publish
+//! that survives a restart.
+//!
+//! Publishing from a handler or an HTTP request after the database commit
+//! loses the message if the process dies in between; publishing before it
+//! sends a message about a change that may roll back. The outbox writes the
+//! message **into the database, in your transaction**, beside your business
+//! rows ([`Outbox::enqueue`]); the commit makes both durable or neither. A
+//! [`Relay`] then publishes committed rows with publisher confirms and marks
+//! them sent.
+//!
+//! # Guarantees
+//!
+//! - A committed message is published at least once, whatever crashes or
+//!   outages happen in between (broker down, database down, the process
+//!   killed); a rolled-back one never.
+//! - Each message carries a message id (yours, or a UUID): the rare
+//!   duplicate — the relay killed after the broker confirmed and before it
+//!   marked the row — is recognisable, and the consumer's
+//!   [inbox](crate::inbox) skips it.
+//! - Several relays (several instances) share one table: each batch claims
+//!   its rows with `FOR UPDATE SKIP LOCKED`, so without a crash no row is
+//!   published twice.
+//! - A row the broker returns as unroutable is marked `failed` with the
+//!   reason, counted in `acemq.outbox.failed`, and never retried; confirmed
+//!   rows count in `acemq.outbox.published`. On a transport or database
+//!   failure the rows stay pending and the relay backs off (capped,
+//!   jittered): `acemq.outbox.transport_errors`, `acemq.outbox.database_errors`.
+//! - Order: rows are claimed in id order and a batch is published all at
+//!   once, so messages of one batch may be confirmed in any order, and two
+//!   relays interleave. Do not rely on the order between messages.
+//! - Sent rows are deleted after [`RelayConfig::retention`]; failed rows
+//!   are kept for you to read (`SELECT * FROM acemq_outbox WHERE status =
+//!   'failed'`).
+//!
+//! # Schema
+//!
+//! [`migrate`] applies the SQL files shipped in `migrations/` (the
+//! `acemq_outbox` and `acemq_inbox` tables), once, under an advisory lock.
+//! Run it at start, or apply the files with your own migration tool.
+//!
+//! # Why tokio-postgres
+//!
+//! acemq uses tokio-postgres with deadpool-postgres for the pool: small,
+//! no macros and no compile-time database, on tokio like the rest of the
+//! crate; its `Transaction` is what you pass to [`Outbox::enqueue`] (a
+//! deadpool transaction derefs to it). sqlx would bring its own runtime
+//! glue, macros and a much larger dependency tree for what is here a dozen
+//! fixed statements. Connections are plain TCP (`NoTls`).
+//!
+//! # Lifecycle
+//!
+//! Start the relay after the topology is declared; stop it before the
+//! consumers drain (publishers first, DESIGN.md): [`RelayHandle::stop`]
+//! lets the batch in hand finish or leaves its rows pending for the next
+//! start — nothing is lost either way.
+//!
+//! ```no_run
+//! use acemq::outbox::{self, Outbox, OutboxMessage, Relay, StandalonePublisher};
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = outbox::pool("host=127.0.0.1 user=postgres dbname=shop", 8)?;
+//! outbox::migrate(&*pool.get().await?).await?;
+//! let relay = Relay::new(
+//!     pool.clone(),
+//!     StandalonePublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f", "shop-relay"),
+//! )
+//! .spawn();
+//!
+//! let mut client = pool.get().await?;
+//! let tx = client.transaction().await?;
+//! tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&"o-1"]).await?;
+//! Outbox::enqueue(&tx, &OutboxMessage::new("shop", "order.created", "o-1")).await?;
+//! tx.commit().await?;
+//!
+//! relay.stop().await; // before the consumers drain
+//! # Ok(()) }
+//! ```
+
+mod batch;
+mod enqueue;
+mod message;
+mod publish;
+mod relay;
+mod schema;
+
+pub use enqueue::Outbox;
+pub use message::{OutboxMessage, OutboxRecord};
+pub use publish::{OutboxPublish, StandalonePublisher};
+pub use relay::{Relay, RelayConfig, RelayHandle, RelayStats};
+pub use schema::migrate;
+
+/// The connection pool acemq is built on.
+pub use deadpool_postgres;
+/// The PostgreSQL client acemq is built on (the same version: use it for
+/// your own statements).
+pub use tokio_postgres;
+
+/// Why an outbox (or inbox store) operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// A statement failed.
+    #[error("PostgreSQL error while {doing}: {source}")]
+    Database {
+        /// What was being done.
+        doing: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// No connection could be taken from the pool.
+    #[error("no PostgreSQL connection from the pool: {message}")]
+    Pool {
+        /// The pool's error.
+        message: String,
+    },
+    /// The connection settings could not be read.
+    #[error("bad PostgreSQL connection settings: {message} (expected e.g. \"host=127.0.0.1 user=postgres dbname=app\" or \"postgresql://user@host/db\")")]
+    Config {
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// A connection pool of at most `max_size` connections (plain TCP) from a
+/// libpq-style `settings` string (`host=… user=… dbname=…` or a
+/// `postgresql://` URL). The password, if any, never appears in an error.
+pub fn pool(settings: &str, max_size: usize) -> Result<deadpool_postgres::Pool, OutboxError> {
+    let config: tokio_postgres::Config =
+        settings
+            .parse()
+            .map_err(|e: tokio_postgres::Error| OutboxError::Config {
+                message: e.to_string(),
+            })?;
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(max_size.max(1))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| OutboxError::Config {
+            message: e.to_string(),
+        })
+}

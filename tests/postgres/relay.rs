@@ -1,0 +1,304 @@
+//! The relay in process: rollback, commit, unroutable, two relays, broker
+//! down, stop with rows pending.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq::outbox::{Outbox, OutboxMessage, Relay, RelayConfig, StandalonePublisher};
+use acemq::topology::Topology;
+use acemq::Publisher;
+
+use crate::proxy::Proxy;
+use crate::support::{addr, unique, wait_until, Broker, TestDb};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn fast() -> RelayConfig {
+    let mut c = RelayConfig::default();
+    c.poll_interval = Duration::from_millis(20);
+    c.retry_initial = Duration::from_millis(50);
+    c.retry_max = Duration::from_millis(300);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_enqueue_publishes_nothing_and_a_committed_one_is_published_once_confirmed_and_marked_sent(
+) {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("commit");
+    broker.declare(&q).await;
+
+    let mut client = db.pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let rolled_back = Outbox::enqueue(&tx, &OutboxMessage::to_queue(q.as_str(), "no"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let committed = Outbox::enqueue(
+        &tx,
+        &OutboxMessage::to_queue(q.as_str(), "yes")
+            .message_id("m-committed")
+            .header("x-tenant", "t1"),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    drop(client);
+    assert_eq!(committed, "m-committed");
+    assert_ne!(rolled_back, committed);
+
+    // Through `Publisher`, as App's relay would.
+    let publisher = Publisher::new(broker.conn.clone(), Topology::default())
+        .await
+        .unwrap();
+    let relay = Relay::new(db.pool.clone(), publisher)
+        .config(fast())
+        .spawn();
+    wait_until("the committed row marked sent", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 1
+    })
+    .await;
+    let stats = relay.stop().await;
+    assert_eq!(stats.published, 1);
+    assert_eq!(stats.failed, 0);
+    assert_eq!(db.count("SELECT count(*) FROM acemq_outbox").await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE sent_at IS NOT NULL")
+            .await,
+        1
+    );
+    assert_eq!(broker.take_all(&q).await, vec!["m-committed".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_row_is_marked_failed_with_the_reason_counted_and_not_retried() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("unroutable");
+    broker.declare(&q).await;
+    let missing = unique("no-such-queue");
+    db.enqueue(&missing, 1).await;
+
+    let relay = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(addr(), "acemq-test-relay-unroutable"),
+    )
+    .config(fast())
+    .spawn();
+    wait_until("the unroutable row marked failed", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'failed'")
+            .await
+            == 1
+    })
+    .await;
+    // Later batches run (a routable row goes through) and leave it failed.
+    db.enqueue(&q, 1).await;
+    wait_until("the routable row sent", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 1
+    })
+    .await;
+    let stats = relay.stop().await;
+    assert_eq!((stats.published, stats.failed), (1, 1));
+    let client = db.pool.get().await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT status, error FROM acemq_outbox WHERE routing_key = $1",
+            &[&missing],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "failed");
+    let error: String = row.get(1);
+    assert!(
+        error.contains("unroutable") && error.contains(&missing),
+        "{error}"
+    );
+    assert_eq!(broker.take_all(&q).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_table_publish_ten_thousand_rows_each_at_least_once_without_duplicates() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("two-relays");
+    broker.declare(&q).await;
+    let ids = db.enqueue(&q, 10_000).await;
+
+    let mut config = fast();
+    config.batch_size = 100;
+    let a = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(addr(), "acemq-test-relay-a"),
+    )
+    .config(config.clone())
+    .spawn();
+    let b = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(addr(), "acemq-test-relay-b"),
+    )
+    .config(config)
+    .spawn();
+    wait_until("10,000 rows sent", Duration::from_secs(120), || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 10_000
+    })
+    .await;
+    let (sa, sb) = (a.stop().await, b.stop().await);
+    let got = broker.take_all(&q).await;
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for id in &got {
+        *seen.entry(id.as_str()).or_default() += 1;
+    }
+    let missing = ids
+        .iter()
+        .filter(|id| !seen.contains_key(id.as_str()))
+        .count();
+    let duplicates = got.len() - seen.len();
+    eprintln!(
+        "two relays: relay a published {}, relay b {}; broker held {} messages, {} distinct, {} duplicates, {} missing",
+        sa.published,
+        sb.published,
+        got.len(),
+        seen.len(),
+        duplicates,
+        missing
+    );
+    assert_eq!(missing, 0, "every row published at least once");
+    assert_eq!(duplicates, 0, "SKIP LOCKED: no row published twice");
+    assert_eq!(sa.published + sb.published, 10_000);
+    assert!(
+        sa.published > 0 && sb.published > 0,
+        "both relays took part: {sa:?} {sb:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_committed_while_the_broker_is_unreachable_are_published_when_it_returns_none_lost() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("outage");
+    broker.declare(&q).await;
+    let proxy = Proxy::start().await;
+    proxy.cut();
+    let relay = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(proxy.amqp_addr(), "acemq-test-relay-outage"),
+    )
+    .config(fast())
+    .spawn();
+    let ids = db.enqueue(&q, 50).await;
+    wait_until(
+        "two failed batches while the broker is cut off",
+        BOUND,
+        || async { relay.stats().failed_batches >= 2 },
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'pending'")
+            .await,
+        50,
+        "the rows wait"
+    );
+    proxy.restore();
+    wait_until("50 rows sent after the broker returned", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 50
+    })
+    .await;
+    let stats = relay.stop().await;
+    let mut got = broker.take_all(&q).await;
+    got.sort();
+    let mut want = ids;
+    want.sort();
+    eprintln!(
+        "broker outage: {} failed batches, then {} published",
+        stats.failed_batches, stats.published
+    );
+    assert_eq!(got, want, "every row once, none lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_relay_leaves_unpublished_rows_pending_and_the_next_start_publishes_them() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("stop");
+    broker.declare(&q).await;
+    let proxy = Proxy::start().await;
+    proxy.cut();
+    let publisher = Arc::new(StandalonePublisher::new(
+        proxy.amqp_addr(),
+        "acemq-test-relay-stop",
+    ));
+    let relay = Relay::new(db.pool.clone(), publisher.clone())
+        .config(fast())
+        .spawn();
+    db.enqueue(&q, 20).await;
+    wait_until("a failed batch", BOUND, || async {
+        relay.stats().failed_batches >= 1
+    })
+    .await;
+    let stats = tokio::time::timeout(Duration::from_secs(10), relay.stop())
+        .await
+        .expect("stop returns while the broker is unreachable");
+    assert_eq!(stats.published, 0);
+    proxy.restore();
+    // Stopped: nothing publishes them, though the broker is back.
+    db.enqueue(&q, 5).await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'pending'")
+            .await,
+        25
+    );
+    assert_eq!(broker.ready(&q).await, 0);
+    let relay = Relay::new(db.pool.clone(), publisher)
+        .config(fast())
+        .spawn();
+    wait_until("25 rows sent by the next start", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 25
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(broker.take_all(&q).await.len(), 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_deletes_sent_rows_past_the_retention_and_keeps_failed_ones() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("cleanup");
+    broker.declare(&q).await;
+    db.enqueue(&q, 3).await;
+    db.enqueue(&unique("no-such-queue"), 1).await;
+    let mut config = fast();
+    config.retention = Duration::ZERO;
+    config.cleanup_interval = Duration::from_millis(50);
+    let relay = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(addr(), "acemq-test-relay-cleanup"),
+    )
+    .config(config)
+    .spawn();
+    wait_until("sent rows cleaned up", BOUND, || async {
+        relay.stats().cleaned == 3
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(db.count("SELECT count(*) FROM acemq_outbox").await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'failed'")
+            .await,
+        1
+    );
+    assert_eq!(broker.take_all(&q).await.len(), 3);
+}
