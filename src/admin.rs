@@ -99,12 +99,7 @@ where
         get(move || {
             h.record_metrics();
             let body = render();
-            async move {
-                (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    body,
-                )
-            }
+            async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
         }),
     )
 }
@@ -147,7 +142,12 @@ async fn resume(State(health): State<Health>, Path(name): Path<String>) -> Respo
 
 /// `name`'s snapshot, or the 404.
 fn snapshot_of(health: &Health, name: &str) -> Response {
-    match health.snapshot().queues.into_iter().find(|q| q.name == name) {
+    match health
+        .snapshot()
+        .queues
+        .into_iter()
+        .find(|q| q.name == name)
+    {
         Some(q) => Json(q).into_response(),
         None => not_found(health, UnknownQueue(name.to_owned())),
     }
