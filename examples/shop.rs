@@ -24,11 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::{App, Config, Delivery, Health, Reject};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
+use acemq::{App, Config, Delivery, Reject};
 use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -205,16 +201,6 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-async fn readyz(health: Health) -> impl IntoResponse {
-    let snap = health.snapshot();
-    let code = if snap.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(snap))
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -262,22 +248,14 @@ async fn main() -> ExitCode {
     };
 
     if let Some(addr) = args.http {
-        let h = health.clone();
-        let m = health.clone();
-        let router = Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(move || readyz(h.clone())))
-            .route(
-                "/metrics",
-                get(move || {
-                    m.record_metrics();
-                    let body = prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
-                    async move { body }
-                }),
-            );
+        // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
+        // and /metrics rendered by the Prometheus recorder.
+        let router = acemq::admin::router_with_metrics(health.clone(), move || {
+            prometheus.as_ref().map(|p| p.render()).unwrap_or_default()
+        });
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
-                info!(%addr, "serving /healthz, /readyz and /metrics");
+                info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
                 tokio::spawn(async move { axum::serve(listener, router).await });
             }
             Err(e) => {

@@ -75,7 +75,7 @@ pub fn router(health: Health) -> Router {
 }
 
 /// [`router`] and `GET /metrics`, answering `render()` as
-/// `text/plain; version=0.0.4` (Prometheus' text format).
+/// `text/plain; version=0.0.4; charset=utf-8` (Prometheus' text format).
 ///
 /// Before each render the handle's gauges (`acemq.ready`, `acemq.inflight`,
 /// `acemq.held`) are set from the current state
@@ -99,7 +99,15 @@ where
         get(move || {
             h.record_metrics();
             let body = render();
-            async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body) }
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
         }),
     )
 }
@@ -326,7 +334,7 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(
             resp.headers()[header::CONTENT_TYPE],
-            "text/plain; version=0.0.4"
+            "text/plain; version=0.0.4; charset=utf-8"
         );
         let (_, body) = call(&app, "GET", "/metrics").await;
         assert_eq!(body, "acemq_ready 0\n");
