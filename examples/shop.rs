@@ -201,6 +201,20 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+/// The panic hook: one log line per panic (Rust's default hook writes
+/// several lines to stderr, and `PanicHookInfo`'s `Display` has a newline
+/// between the location and the message).
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic payload that is not a string)");
+    let location = info.location().map(ToString::to_string).unwrap_or_default();
+    tracing::error!(%location, "panicked: {}", message.replace('\n', " "));
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -211,7 +225,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
-    std::panic::set_hook(Box::new(|info| tracing::error!("handler panicked: {info}")));
+    std::panic::set_hook(Box::new(log_panic));
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -62,7 +62,7 @@ use serde::Serialize;
 
 use crate::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
 
-/// The admin routes over `health` (see the [module docs](self)).
+/// The admin routes over `health` (see the [module docs](crate::admin)).
 pub fn router(health: Health) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
