@@ -218,10 +218,9 @@ fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
+        }))
         .with_writer(std::io::stderr)
         .init();
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
