@@ -1,6 +1,37 @@
 //! An admin router for axum: liveness, readiness, per-queue snapshots, pause
 //! and resume (feature `axum`).
 //!
+//! The router is an ordinary `axum::Router` over a [`Health`] handle, so it
+//! can be called like any tower service — here before anything connected:
+//!
+//! ```
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let admin = acemq::admin::router(acemq::Health::new());
+//!
+//! let live = admin.clone().oneshot(Request::get("/healthz").body(Body::empty())?).await?;
+//! assert_eq!(live.status(), StatusCode::OK);
+//!
+//! // Not connected yet: not ready, and the body says why.
+//! let ready = admin.clone().oneshot(Request::get("/readyz").body(Body::empty())?).await?;
+//! assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+//! let body = axum::body::to_bytes(ready.into_body(), 64 * 1024).await?;
+//! let snapshot: serde_json::Value = serde_json::from_slice(&body)?;
+//! assert_eq!(snapshot["connected"], false);
+//!
+//! // No queue has started here, so pausing one is a 404 naming it.
+//! let pause = Request::post("/queues/shop.orders/pause").body(Body::empty())?;
+//! assert_eq!(admin.oneshot(pause).await?.status(), StatusCode::NOT_FOUND);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Served beside an [`App`](crate::App), with your own routes:
+//!
 //! ```no_run
 //! use acemq::{App, Config, Delivery};
 //! use tower::service_fn;
@@ -33,6 +64,7 @@
 //! | `POST /queues/{name}/resume` | resumes it; the body is its new snapshot |
 //! | `GET /metrics` | only with [`router_with_metrics`]: what your render closure returns |
 //!
+//! A queue name is one path segment, percent-decoded (`a%2Fb` is `a/b`).
 //! A queue the process does not consume is a `404` with a JSON body naming
 //! it and the queues there are:
 //! `{"error": "no queue named \"x\" is consumed here", "queue": "x", "queues": ["shop.orders"]}`.
@@ -312,6 +344,15 @@ mod tests {
             );
         }
         assert!(!gates[0].is_paused());
+    }
+
+    #[tokio::test]
+    async fn a_queue_name_in_the_path_is_percent_decoded() {
+        let (health, gates) = health_with(&["odd/name"]);
+        let (status, body) = call(&router(health), "POST", "/queues/odd%2Fname/pause").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(parse(&body)["name"], json!("odd/name"));
+        assert!(gates[0].is_paused());
     }
 
     #[tokio::test]
