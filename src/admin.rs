@@ -60,9 +60,12 @@
 //! | `GET /readyz` | `200` when ready, else `503`; the body is the [`HealthSnapshot`] as JSON |
 //! | `GET /queues` | every queue's [`QueueSnapshot`], as a JSON array in config order |
 //! | `GET /queues/{name}` | that queue's snapshot |
-//! | `POST /queues/{name}/pause` | pauses it; the body is its new snapshot (`"paused": true`) |
+//! | `POST /queues/{name}/pause` | pauses it; the body is its new snapshot (`"paused": true`); `409` once the drain has begun |
 //! | `POST /queues/{name}/resume` | resumes it; the body is its new snapshot |
 //! | `GET /metrics` | only with [`router_with_metrics`]: what your render closure returns |
+//!
+//! Once the drain has begun, pause and resume are a `409` saying so (with
+//! the queue's snapshot): the gates then only hand back.
 //!
 //! A queue name is one path segment, percent-decoded (`a%2Fb` is `a/b`).
 //! A queue the process does not consume is a `404` with a JSON body naming
@@ -167,6 +170,9 @@ async fn queue(State(health): State<Health>, Path(name): Path<String>) -> Respon
 }
 
 async fn pause(State(health): State<Health>, Path(name): Path<String>) -> Response {
+    if let Some(refused) = draining(&health, &name, "pause") {
+        return refused;
+    }
     match health.pause(&name) {
         Ok(()) => snapshot_of(&health, &name),
         Err(e) => not_found(&health, e),
@@ -174,10 +180,41 @@ async fn pause(State(health): State<Health>, Path(name): Path<String>) -> Respon
 }
 
 async fn resume(State(health): State<Health>, Path(name): Path<String>) -> Response {
+    if let Some(refused) = draining(&health, &name, "resume") {
+        return refused;
+    }
     match health.resume(&name) {
         Ok(()) => snapshot_of(&health, &name),
         Err(e) => not_found(&health, e),
     }
+}
+
+/// The body of a 409 for a pause or resume once the drain has begun.
+#[derive(Serialize)]
+struct Draining {
+    error: String,
+    queue: String,
+    snapshot: QueueSnapshot,
+}
+
+/// A 409 when the drain has begun (the gates then only hand back), after the
+/// 404 for an unknown queue.
+fn draining(health: &Health, name: &str, what: &str) -> Option<Response> {
+    if !health.is_draining() {
+        return None;
+    }
+    let snap = health.snapshot();
+    let Some(q) = snap.queues.into_iter().find(|q| q.name == name) else {
+        return Some(not_found(health, UnknownQueue(name.to_owned())));
+    };
+    let body = Draining {
+        error: format!(
+            "the drain has begun: {what} no longer applies; queue {name:?} takes nothing new and hands back what it held"
+        ),
+        queue: name.to_owned(),
+        snapshot: q,
+    };
+    Some((StatusCode::CONFLICT, Json(body)).into_response())
 }
 
 /// `name`'s snapshot, or the 404.
@@ -353,6 +390,45 @@ mod tests {
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(parse(&body)["name"], json!("odd/name"));
         assert!(gates[0].is_paused());
+    }
+
+    #[tokio::test]
+    async fn nested_under_a_prefix_beside_other_routes_every_route_answers_there() {
+        let (health, gates) = health_with(&["a"]);
+        let app = Router::new()
+            .route("/orders", post(|| async { "taken" }))
+            .nest("/admin", router(health));
+        assert_eq!(call(&app, "GET", "/admin/healthz").await.0, StatusCode::OK);
+        assert_eq!(
+            call(&app, "GET", "/admin/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let (status, body) = call(&app, "POST", "/admin/queues/a/pause").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(gates[0].is_paused());
+        assert_eq!(call(&app, "POST", "/orders").await.1, "taken");
+        assert_eq!(call(&app, "GET", "/healthz").await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn pause_and_resume_during_the_drain_are_a_409_saying_so_and_change_nothing() {
+        let (health, gates) = health_with(&["a"]);
+        let app = router(health.clone());
+        health.set_draining();
+        for route in ["/queues/a/pause", "/queues/a/resume"] {
+            let (status, body) = call(&app, "POST", route).await;
+            assert_eq!(status, StatusCode::CONFLICT, "{route}");
+            let err = parse(&body);
+            assert!(
+                err["error"].as_str().unwrap().contains("drain has begun"),
+                "{route}: {body}"
+            );
+            assert_eq!(err["snapshot"]["name"], json!("a"), "{route}");
+        }
+        assert!(!gates[0].is_paused());
+        let (status, _) = call(&app, "POST", "/queues/nope/pause").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "unknown is still a 404");
+        assert_eq!(call(&app, "GET", "/queues/a").await.0, StatusCode::OK);
     }
 
     #[tokio::test]
