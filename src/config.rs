@@ -80,6 +80,13 @@ pub struct Config {
     /// What a drain does with deliveries the broker sent ahead that no
     /// handler has started (default [`PrefetchPolicy::HandBack`]).
     pub prefetch_policy: PrefetchPolicy,
+    /// How long an operator pause may hold a queue's deliveries before they
+    /// are handed back to the broker and the queue's consumer is cancelled,
+    /// so other instances take the work (and the broker's
+    /// `consumer_timeout`, 30 min by default, is never reached); resume
+    /// consumes again (default 30 s; `0` hands back at once).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub pause_hand_back_after: Duration,
     /// The queues to consume, started in this order (no default: at least
     /// one is required).
     pub queues: Vec<QueueConfig>,
@@ -395,6 +402,7 @@ impl Default for Config {
             host_timeout: Config::DEFAULT_HOST_TIMEOUT,
             connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             prefetch_policy: PrefetchPolicy::HandBack,
+            pause_hand_back_after: Config::DEFAULT_PAUSE_HAND_BACK_AFTER,
             queues: Vec::new(),
         }
     }
@@ -409,6 +417,8 @@ impl Config {
     pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default `connect_timeout`: 10 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The default `pause_hand_back_after`: 30 s.
+    pub const DEFAULT_PAUSE_HAND_BACK_AFTER: Duration = Duration::from_secs(30);
 
     /// Reads, parses and validates a config file, choosing the format by its
     /// extension: `.yaml`/`.yml`, `.toml` or `.json`.

@@ -410,10 +410,28 @@ impl App {
         });
         health.set_connected(Role::Consumer, true);
         health.set_connected(Role::Publisher, true);
+        // Every first generation is installed (registered for the drain,
+        // its loop spawned) before `Running` exists.
         for (index, opened) in first.into_iter().enumerate() {
+            let installed = match shared.install(index, opened) {
+                Ok(Some(i)) => i,
+                Ok(None) => unreachable!("no drain can have begun before start returns"),
+                Err(panic) => {
+                    shared.intake.cancel();
+                    for c in [&consume_conn, &publish_conn] {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into()))
+                                .await;
+                    }
+                    return Err(StartError::Config(format!(
+                        "building the handler stack of {:?} panicked: {panic}",
+                        shared.config.queues[index].name
+                    )));
+                }
+            };
             shared
                 .tracker
-                .spawn(supervisor::run_queue(shared.clone(), index, opened));
+                .spawn(supervisor::run_queue(shared.clone(), index, installed));
         }
         tokio::spawn(supervisor::supervise(shared.clone(), true));
         tokio::spawn(supervisor::supervise(shared.clone(), false));

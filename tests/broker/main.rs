@@ -13,6 +13,7 @@ mod dead_letter;
 mod drain;
 mod faults;
 mod metrics_names;
+mod pause;
 mod process;
 mod proxy;
 mod reliability;
