@@ -80,7 +80,8 @@
 //! deliveries waiting at the gate. A pause longer than the config's
 //! `pause_hand_back_after` (30 s by default) hands those back to the broker
 //! and cancels the queue's consumer, so other instances take the work:
-//! `held` falls to 0 and `handed_back` rises, still `"paused": true`, until
+//! `held` falls to 0 (the work is back in the broker), still
+//! `"paused": true` and still ready, until
 //! `POST …/resume` consumes the queue again. Wire `/readyz` to a readiness probe and
 //! `/healthz` to a liveness probe, never the other way round: a draining
 //! instance is not ready but alive, finishing the work the drain waits for.
