@@ -25,7 +25,7 @@ use tower::{Layer, Service};
 use tracing::{info, warn};
 
 use crate::config::{Config, QueueConfig};
-use crate::connection::{amqp_addr_from_env, connect, redact, ConnectError};
+use crate::connection::{connect_any, redact, resolve_addresses, ConnectError, ConnectOptions};
 use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
 use crate::health::{Health, Role};
@@ -344,11 +344,15 @@ impl App {
                 config.host_timeout
             );
         }
-        let addr = addr.unwrap_or_else(amqp_addr_from_env);
+        // Code, then AMQP_ADDR (may be a comma-separated list), then the
+        // config's `addresses`, then the local default.
+        let code: Option<Vec<String>> = addr.map(|a| vec![a]);
+        let addresses = resolve_addresses(code.as_deref(), &config.addresses);
+        let options = ConnectOptions::from_config(&config);
         tokio::pin!(stop);
         let mut opened: Vec<Arc<lapin::Connection>> = Vec::new();
         let result = {
-            let phases = start_phases(&config, &addr, &name, &mut opened);
+            let phases = start_phases(&config, &addresses, &options, &name, &health, &mut opened);
             tokio::select! {
                 r = phases => r,
                 signal = &mut stop => Err(StartError::Stopped { signal }),
@@ -394,7 +398,8 @@ impl App {
         ));
         let shared = Arc::new(Shared {
             link: link.clone(),
-            addr,
+            addresses,
+            options,
             name,
             slots,
             health: health.clone(),
@@ -496,12 +501,17 @@ type Started = (
 /// or a stop signal can close them.
 async fn start_phases(
     config: &Config,
-    addr: &str,
+    addresses: &[String],
+    options: &ConnectOptions,
     name: &str,
+    health: &Health,
     opened: &mut Vec<Arc<lapin::Connection>>,
 ) -> Result<Started, StartError> {
-    info!(broker = %redact(addr), "connecting");
-    let consume_conn = Arc::new(connect(addr, name, config.connect_timeout).await?);
+    info!(broker = %redact(&addresses.join(",")), "connecting");
+    let c = connect_any(addresses, name, config.connect_timeout, options).await?;
+    info!(broker = %c.address, connection = name, "connected (consumers)");
+    health.set_broker(Role::Consumer, Some(c.address));
+    let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
     let topology = Topology::from_config(config);
     topology.declare(&consume_conn).await?;
@@ -516,13 +526,14 @@ async fn start_phases(
             .join(", ")
     );
     let publish_name = format!("{name}{}", Role::Publisher.suffix());
-    let publish_conn = Arc::new(
-        connect(addr, &publish_name, config.connect_timeout)
-            .await
-            .map_err(|e| StartError::Publisher {
-                message: e.to_string(),
-            })?,
-    );
+    let p = connect_any(addresses, &publish_name, config.connect_timeout, options)
+        .await
+        .map_err(|e| StartError::Publisher {
+            message: e.to_string(),
+        })?;
+    info!(broker = %p.address, connection = %publish_name, "connected (publisher)");
+    health.set_broker(Role::Publisher, Some(p.address));
+    let publish_conn = Arc::new(p.connection);
     opened.push(publish_conn.clone());
     // Consumers start only now, after the topology is declared.
     let mut first = Vec::new();

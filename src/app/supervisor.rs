@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 
 use super::{LoopFuture, StartError, Starter};
 use crate::config::{Config, QueueConfig};
-use crate::connection::{connect, redact};
+use crate::connection::{connect_any, ConnectOptions};
 use crate::consumer::{End, QueueStats};
 use crate::drain::{Link, QueueHandle};
 use crate::health::{Health, Role};
@@ -129,7 +129,8 @@ pub(crate) struct QueueSlot {
 pub(crate) struct Shared {
     pub(crate) link: Arc<Link>,
     pub(crate) config: Config,
-    pub(crate) addr: String,
+    pub(crate) addresses: Vec<String>,
+    pub(crate) options: ConnectOptions,
     pub(crate) name: String,
     pub(crate) slots: Vec<QueueSlot>,
     pub(crate) health: Health,
@@ -560,19 +561,26 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
         loop {
             let attempt = async {
                 let name = format!("{}{}", shared.name, role.suffix());
-                let c =
-                    Arc::new(connect(&shared.addr, &name, shared.config.connect_timeout).await?);
+                let connected = connect_any(
+                    &shared.addresses,
+                    &name,
+                    shared.config.connect_timeout,
+                    &shared.options,
+                )
+                .await?;
+                let broker = connected.address.clone();
+                let c = Arc::new(connected.connection);
                 if consuming {
                     shared.topology.declare(&c).await?;
                 }
-                Ok::<_, StartError>(c)
+                Ok::<_, StartError>((c, broker))
             };
             let result = tokio::select! {
                 () = shared.intake.cancelled() => return,
                 r = attempt => r,
             };
             match result {
-                Ok(c) => {
+                Ok((c, broker)) => {
                     if shared.intake.is_cancelled() {
                         let _ = c.close(200, "OK".into()).await;
                         return;
@@ -584,9 +592,10 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
                         .unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
                     conn.tx.send_replace(Some(c));
                     shared.health.set_connected(role, true);
+                    shared.health.set_broker(role, Some(broker.clone()));
                     info!(
                         connection = role.as_str(),
-                        broker = %redact(&shared.addr),
+                        broker = %broker,
                         "reconnected to the broker{}",
                         if consuming { "; topology declared again, consumers resume" } else { "" }
                     );

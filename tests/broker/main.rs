@@ -16,6 +16,7 @@ mod metrics_names;
 mod pause;
 mod process;
 mod proxy;
+mod recovery;
 mod reliability;
 mod retry;
 mod round_trip;
