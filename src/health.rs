@@ -293,14 +293,21 @@ impl Health {
                 name: q.name,
             })
             .collect();
+        // One lock, released here: a guard in a field of the literal below
+        // would live to the end of it, and a second `lock()` deadlock.
+        let [broker, publisher_broker] = self
+            .inner
+            .brokers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         HealthSnapshot {
             ready: self.is_ready(),
             connected: self.inner.connected.load(Ordering::Acquire),
             publisher_connected: self.inner.publisher_connected.load(Ordering::Acquire),
             publisher_blocked: self.inner.blocked.load(Ordering::Acquire),
-            broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[0].clone(),
-            publisher_broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[1]
-                .clone(),
+            broker,
+            publisher_broker,
             draining: self.is_draining(),
             queues,
         }
