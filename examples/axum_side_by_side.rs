@@ -7,7 +7,13 @@
 //! ```text
 //! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--config examples/shop.yaml]
 //! curl -X POST localhost:3000/orders -H 'content-type: application/json' -d '{"id":"web-1","work_ms":300}'
+//! curl -X POST localhost:3000/admin/queues/shop.orders/pause   # the queue side holds, HTTP goes on
+//! curl localhost:3000/admin/queues/shop.orders                 # "paused": true, "held": …
+//! curl -X POST localhost:3000/admin/queues/shop.orders/resume
 //! ```
+//!
+//! The admin routes are acemq's (`acemq::admin::router`, feature `axum`),
+//! nested under `/admin` beside the application's own.
 //!
 //! One signal root; on SIGTERM or Ctrl-C the stop order is: readiness off →
 //! the background publisher stops → axum's graceful shutdown (bounded) →
@@ -25,7 +31,7 @@ use std::time::Duration;
 use acemq::{App, Config, Delivery, Reject};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Json, Router};
 use futures::future::BoxFuture;
 use serde::Deserialize;
@@ -170,29 +176,14 @@ async fn main() -> ExitCode {
         });
     }
 
-    // The HTTP side: POST /orders runs the same service; /readyz follows the drain.
-    let health = running.health();
+    // The HTTP side: POST /orders runs the same service; acemq's admin
+    // router, nested under /admin, answers readiness (which follows the
+    // drain), the queues' snapshots, pause and resume.
     let http_stop = CancellationToken::new();
     let router = Router::new()
         .route("/orders", post(post_order))
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let snap = health.snapshot();
-                async move {
-                    (
-                        if snap.ready {
-                            StatusCode::OK
-                        } else {
-                            StatusCode::SERVICE_UNAVAILABLE
-                        },
-                        Json(snap),
-                    )
-                }
-            }),
-        )
-        .with_state(orders.clone());
+        .with_state(orders.clone())
+        .nest("/admin", acemq::admin::router(running.health()));
     let listener = match tokio::net::TcpListener::bind(http).await {
         Ok(l) => l,
         Err(e) => {
@@ -200,7 +191,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    info!(%http, "serving POST /orders, /healthz, /readyz");
+    info!(%http, "serving POST /orders and /admin/{{healthz,readyz,queues}}");
     let server = tokio::spawn(
         axum::serve(listener, router)
             .with_graceful_shutdown(http_stop.clone().cancelled_owned())

@@ -24,11 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::{App, Config, Delivery, Health, Reject};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
+use acemq::{App, Config, Delivery, Reject};
 use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -205,14 +201,18 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-async fn readyz(health: Health) -> impl IntoResponse {
-    let snap = health.snapshot();
-    let code = if snap.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(snap))
+/// The panic hook: one log line per panic (Rust's default hook writes
+/// several lines to stderr, and `PanicHookInfo`'s `Display` has a newline
+/// between the location and the message).
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a panic payload that is not a string)");
+    let location = info.location().map(ToString::to_string).unwrap_or_default();
+    tracing::error!(%location, "panicked: {}", message.replace('\n', " "));
 }
 
 #[tokio::main]
@@ -224,7 +224,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
-    std::panic::set_hook(Box::new(|info| tracing::error!("handler panicked: {info}")));
+    std::panic::set_hook(Box::new(log_panic));
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -261,22 +261,14 @@ async fn main() -> ExitCode {
     };
 
     if let Some(addr) = args.http {
-        let h = health.clone();
-        let m = health.clone();
-        let router = Router::new()
-            .route("/healthz", get(|| async { "ok" }))
-            .route("/readyz", get(move || readyz(h.clone())))
-            .route(
-                "/metrics",
-                get(move || {
-                    m.record_metrics();
-                    let body = prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
-                    async move { body }
-                }),
-            );
+        // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
+        // and /metrics rendered by the Prometheus recorder.
+        let router = acemq::admin::router_with_metrics(health.clone(), move || {
+            prometheus.as_ref().map(|p| p.render()).unwrap_or_default()
+        });
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
-                info!(%addr, "serving /healthz, /readyz and /metrics");
+                info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
                 tokio::spawn(async move { axum::serve(listener, router).await });
             }
             Err(e) => {

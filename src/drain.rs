@@ -103,7 +103,35 @@ pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
 /// handlers to be dropped.
 const ABANDON_GRACE: Duration = Duration::from_millis(250);
 
-/// Coordinates the stop. Built by the runner; see the module docs.
+/// Coordinates the stop. Built by the runner ([`Running::into_drain`](crate::Running::into_drain));
+/// see the module docs for its steps.
+///
+/// ```no_run
+/// use acemq::{App, Config, Delivery};
+/// use tower::service_fn;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::from_path("examples/shop.yaml")?;
+/// let running = App::new(config)
+///     .consume(
+///         "shop.orders",
+///         service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
+///     )
+///     .start()
+///     .await?;
+/// tokio::signal::ctrl_c().await?;
+/// // A second Ctrl-C skips straight to cancellation and abandon. Do not wrap
+/// // `run` in a timeout: its own deadline is `shutdown_timeout` (see
+/// // `Drain::run`'s `# Cancellation safety`).
+/// let hurry = async {
+///     let _ = tokio::signal::ctrl_c().await;
+/// };
+/// match running.into_drain().run(hurry).await {
+///     Ok(report) => println!("drained in {:?}", report.duration),
+///     Err(timeout) => eprintln!("{timeout}"), // names each queue still in flight
+/// }
+/// # Ok(()) }
+/// ```
 #[must_use = "a Drain does nothing until it is run"]
 pub struct Drain {
     pub(crate) health: Health,
@@ -290,7 +318,10 @@ impl Drain {
     /// Not cancellation safe: dropping the future (wrapping it in
     /// `tokio::time::timeout`, say) leaves the channels and connections
     /// open and the handlers uncancelled. Its own deadline is
-    /// `shutdown_timeout`; use `hurry` to cut it short.
+    /// `shutdown_timeout`; use `hurry` to cut it short — for a tighter bound
+    /// of your own, pass `tokio::time::sleep(bound)` as `hurry`: the drain
+    /// then still cancels, abandons and closes everything, within
+    /// `abandon_after` and the close bounds after it.
     pub async fn run(self, hurry: impl Future<Output = ()>) -> Result<DrainReport, DrainTimeout> {
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;

@@ -16,6 +16,39 @@ use serde::Serialize;
 use crate::consumer::QueueStats;
 
 /// A cloneable handle on the process's readiness and per-queue state.
+///
+/// Take it from [`App::health`](crate::App::health) before start (clone it
+/// into an HTTP server or a handler); the queues join it when they start.
+/// Pause and resume a queue by name; readiness is unchanged by a pause.
+///
+/// ```no_run
+/// use acemq::{App, Config, Delivery};
+/// use tower::service_fn;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::from_path("examples/shop.yaml")?;
+/// let app = App::new(config).consume(
+///     "shop.orders",
+///     service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
+/// );
+/// let health = app.health();
+/// let running = app.start().await?;
+///
+/// health.pause("shop.orders")?; // new deliveries wait at the gate
+/// let snap = health.snapshot();
+/// assert!(snap.queues[0].paused);
+/// assert!(snap.ready, "a paused instance is still ready");
+/// println!("{}", serde_json::to_string(&snap)?); // what `/readyz` answers
+/// health.resume("shop.orders")?; // they go on, in order
+///
+/// // A name the process does not consume is an error, not a no-op.
+/// assert!(health.pause("shop.typo").is_err());
+/// running.run().await;
+/// # Ok(()) }
+/// ```
+///
+/// With the `axum` feature, `acemq::admin::router` serves all of this over
+/// HTTP.
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     inner: Arc<Inner>,
@@ -260,6 +293,8 @@ impl Health {
                 name: q.name,
             })
             .collect();
+        // One lock, released here: a guard in a field of the literal below
+        // would live to the end of it, and a second `lock()` deadlock.
         let [broker, publisher_broker] = self
             .inner
             .brokers

@@ -8,6 +8,8 @@
 //! [`App`] runs it all: connect, declare the topology, consume, wait for
 //! SIGTERM, drain, exit with a sysexits code.
 
+#[cfg(feature = "axum")]
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod connection;

@@ -47,7 +47,8 @@ use tracing::warn;
 use crate::convert::properties_to_lapin;
 use crate::topology::{declare_one, Topology};
 
-/// A confirm-mode publisher on the publishing connection. Cheap to clone;
+/// A confirm-mode publisher on the publishing connection (an example is in
+/// the [module docs](crate::publisher)). Cheap to clone;
 /// clones share the channel.
 #[derive(Clone)]
 pub struct Publisher {

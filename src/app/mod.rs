@@ -550,6 +550,35 @@ async fn start_phases(
 }
 
 /// A started runner: consumers running, topology declared.
+///
+/// Run it until a stop signal ([`run`](Self::run)), until a future of yours
+/// ([`run_until`](Self::run_until)), or drain it when you decide
+/// ([`drain`](Self::drain), [`into_drain`](Self::into_drain)).
+///
+/// ```no_run
+/// use acemq::{App, Config, Delivery};
+/// use tower::service_fn;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::from_path("examples/shop.yaml")?;
+/// let running = App::new(config)
+///     .consume(
+///         "shop.orders",
+///         service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
+///     )
+///     .start()
+///     .await?;
+/// // Consuming now; publish on the publishing connection.
+/// running
+///     .publisher()
+///     .publish_json("", "shop.orders", &serde_json::json!({ "id": "o-1" }))
+///     .await?;
+/// // Drain on Ctrl-C; the report says what finished and what went back.
+/// tokio::signal::ctrl_c().await?;
+/// let report = running.drain().await?;
+/// println!("{} finished, {} handed back", report.finished(), report.handed_back());
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[must_use = "drop it and the consumers run until the process exits; call drain() to stop"]
 pub struct Running {

@@ -5,6 +5,8 @@
 
 mod support;
 
+#[cfg(feature = "axum")]
+mod admin;
 mod bad_input;
 mod config_load;
 mod dead_letter;
