@@ -103,6 +103,11 @@ pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
 /// handlers to be dropped.
 const ABANDON_GRACE: Duration = Duration::from_millis(250);
 
+/// Something that publishes outside handlers (a background task, the outbox
+/// relay): stopped before the consumers drain, within the drain's deadline.
+pub(crate) type Background =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
 /// Coordinates the stop. Built by the runner ([`Running::into_drain`](crate::Running::into_drain));
 /// see the module docs for its steps.
 ///
@@ -144,6 +149,8 @@ pub struct Drain {
     pub(crate) publisher: Publisher,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) abandon_after: Duration,
+    /// Publishers outside handlers, stopped first.
+    pub(crate) background: Vec<Background>,
 }
 
 impl fmt::Debug for Drain {
@@ -322,7 +329,10 @@ impl Drain {
     /// of your own, pass `tokio::time::sleep(bound)` as `hurry`: the drain
     /// then still cancels, abandons and closes everything, within
     /// `abandon_after` and the close bounds after it.
-    pub async fn run(self, hurry: impl Future<Output = ()>) -> Result<DrainReport, DrainTimeout> {
+    pub async fn run(
+        mut self,
+        hurry: impl Future<Output = ()>,
+    ) -> Result<DrainReport, DrainTimeout> {
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
         info!(
@@ -334,6 +344,18 @@ impl Drain {
         let mut hurried = false;
         // 1. Readiness off.
         self.health.set_draining();
+        // Publishers outside handlers (the outbox relay) stop first: what
+        // they have not published waits for the next start.
+        let background: Vec<_> = std::mem::take(&mut self.background)
+            .into_iter()
+            .map(|stop| stop())
+            .collect();
+        if !background.is_empty() {
+            tokio::select! {
+                _ = tokio::time::timeout_at(deadline, join_all(background)) => {}
+                () = &mut hurry => hurried = true,
+            }
+        }
         // No new generation starts after this read (the runners check
         // `intake` under the same lock).
         let queues = {

@@ -131,7 +131,12 @@ pub struct App {
     health: Health,
     publisher: Publisher,
     publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
+    /// Started after the topology is declared, stopped before the drain.
+    background: Vec<BackgroundStart>,
 }
+
+/// Starts a publisher outside handlers and returns how to stop it.
+type BackgroundStart = Box<dyn FnOnce(Publisher) -> crate::drain::Background + Send>;
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -158,7 +163,32 @@ impl App {
             health: Health::new(),
             publisher,
             publish_tx,
+            background: Vec::new(),
         }
+    }
+
+    /// Runs the transactional outbox's relay (feature `postgres`) on this
+    /// runner's publishing connection: it starts once the topology is
+    /// declared and stops first in the drain (before the consumers), leaving
+    /// rows it has not published for the next start.
+    #[cfg(feature = "postgres")]
+    pub fn outbox(
+        mut self,
+        pool: deadpool_postgres::Pool,
+        config: crate::outbox::RelayConfig,
+    ) -> Self {
+        self.background.push(Box::new(move |publisher: Publisher| {
+            let handle = crate::outbox::Relay::new(pool, publisher)
+                .config(config)
+                .spawn();
+            Box::new(move || {
+                Box::pin(async move {
+                    let stats = handle.stop().await;
+                    info!(?stats, "outbox relay stopped before the drain");
+                }) as Pin<Box<dyn Future<Output = ()> + Send>>
+            }) as crate::drain::Background
+        }));
+        self
     }
 
     /// Connects to `addr` instead of `AMQP_ADDR`.
@@ -311,6 +341,7 @@ impl App {
             health,
             publisher,
             publish_tx,
+            background,
         } = self;
         for (queue, policy) in policies {
             if let Some(q) = config.queues.iter_mut().find(|q| q.name == queue) {
@@ -440,6 +471,10 @@ impl App {
         }
         tokio::spawn(supervisor::supervise(shared.clone(), true));
         tokio::spawn(supervisor::supervise(shared.clone(), false));
+        let background = background
+            .into_iter()
+            .map(|start| start(publisher.clone()))
+            .collect();
         let drain = Drain {
             health: health.clone(),
             in_flight: health.in_flight().clone(),
@@ -451,6 +486,7 @@ impl App {
             publisher: publisher.clone(),
             shutdown_timeout: shared.config.shutdown_timeout,
             abandon_after: shared.config.abandon_after,
+            background,
         };
         Ok(Running {
             drain,

@@ -302,3 +302,58 @@ async fn cleanup_deletes_sent_rows_past_the_retention_and_keeps_failed_ones() {
     );
     assert_eq!(broker.take_all(&q).await.len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_runs_the_relay_on_its_publishing_connection_and_stops_it_first_in_the_drain() {
+    use acemq::config::QueueConfig;
+    use acemq::{App, BoxError, Config, Delivery};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("app-relay");
+    broker.own(&q);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let config = Config {
+        queues: vec![QueueConfig::new(q.clone())],
+        ..Config::default()
+    };
+    let running = App::new(config)
+        .amqp_addr(addr())
+        .outbox(db.pool.clone(), fast())
+        .consume(
+            &q,
+            tower::service_fn(move |_d: Delivery| {
+                let h = h.clone();
+                async move {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), BoxError>(())
+                }
+            }),
+        )
+        .start()
+        .await
+        .expect("starts");
+    // Committed rows are published by the App's relay and consumed.
+    db.enqueue(&q, 20).await;
+    wait_until("20 rows published and handled", BOUND, || async {
+        handled.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await,
+        20
+    );
+    // The drain stops the relay first: rows committed after it began wait.
+    let report = running.drain().await.expect("a clean drain");
+    db.enqueue(&q, 5).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'pending'")
+            .await,
+        5,
+        "no relay after the drain: {report:?}"
+    );
+}
