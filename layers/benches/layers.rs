@@ -11,10 +11,22 @@
 //! cost of `ready().await` + `call(delivery.clone()).await` per delivery. The
 //! overhead of a layer is its figure minus `bare`.
 //!
+//! **The yardstick.** Absolute nanoseconds do not carry from one machine to
+//! another (the same bench ran 2.5–2.9× slower on another box of the same
+//! kind), so each group also measures `yardstick`: tower's own
+//! [`ConcurrencyLimit`](tower::limit::ConcurrencyLimit) (a semaphore permit
+//! taken in `poll_ready`, held by the response future, released on drop)
+//! around the same handler. Each layer is reported as its added cost over
+//! `bare` divided by the yardstick's added cost over `bare`, all from one run:
+//! `python3 scripts/layer_chart.py` reads criterion's JSON and prints the
+//! table (and redraws `docs/layer-overhead.png`). Target: ≤ 1.0× for each
+//! layer.
+//!
 //! The `concurrent_8_tasks` group shares one stack between 8 spawned tasks
 //! (a clone each) whose handler yields once per delivery, as a handler that
 //! awaits anything does: the tasks interleave, and the cancellation layer
-//! takes its "handler returned `Pending`" path.
+//! takes its "handler returned `Pending`" path. It measures the same cases
+//! as the sequential group (bare, yardstick, each layer, full stack).
 //!
 //! Run with: `cargo bench -p acemq-layers --bench layers`
 
@@ -30,6 +42,7 @@ use acemq_layers::{
 use criterion::{criterion_group, criterion_main, Bencher, Criterion};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
+use tower::limit::ConcurrencyLimitLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[path = "support/success_path.rs"]
@@ -113,6 +126,10 @@ where
     });
 }
 
+/// Permits of the yardstick's `ConcurrencyLimit`: the concurrency default,
+/// never exhausted here (one delivery at a time, or one per task of 8).
+const YARDSTICK_PERMITS: usize = 8;
+
 /// The stack `acemq::App::consume` builds, around `handler`.
 macro_rules! full_stack {
     ($handler:expr) => {
@@ -130,45 +147,59 @@ macro_rules! full_stack {
     };
 }
 
+/// Every case of a group, around `$handler`, each timed by `$time`
+/// (`sequential` or `concurrent`).
+macro_rules! cases {
+    ($g:expr, $rt:expr, $d:expr, $handler:expr, $time:ident) => {{
+        let (g, rt, d) = ($g, $rt, $d);
+
+        let bare = tower::service_fn($handler);
+        g.bench_function("bare", |b| $time(b, rt, &bare, d));
+
+        let yardstick = ServiceBuilder::new()
+            .layer(ConcurrencyLimitLayer::new(YARDSTICK_PERMITS))
+            .service_fn($handler);
+        g.bench_function("yardstick", |b| $time(b, rt, &yardstick, d));
+
+        let in_flight = ServiceBuilder::new()
+            .layer(InFlightLayer::new(InFlightCounter::new()))
+            .service_fn($handler);
+        g.bench_function("in_flight", |b| $time(b, rt, &in_flight, d));
+
+        let pause = ServiceBuilder::new()
+            .layer(PauseLayer::new(PauseHandle::new()))
+            .service_fn($handler);
+        g.bench_function("pause_open", |b| $time(b, rt, &pause, d));
+
+        let cancel = ServiceBuilder::new()
+            .layer(CancelLayer::new(CancellationToken::new()))
+            .service_fn($handler);
+        g.bench_function("cancel", |b| $time(b, rt, &cancel, d));
+
+        let retry = ServiceBuilder::new()
+            .layer(RetryLayer::new(
+                policy(),
+                NoopPublish,
+                CancellationToken::new(),
+            ))
+            .service_fn($handler);
+        g.bench_function("retry", |b| $time(b, rt, &retry, d));
+
+        let dead_letter = ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(NoopPublish))
+            .service_fn($handler);
+        g.bench_function("dead_letter", |b| $time(b, rt, &dead_letter, d));
+
+        let full = full_stack!($handler);
+        g.bench_function("full_stack", |b| $time(b, rt, &full, d));
+    }};
+}
+
 fn per_layer(c: &mut Criterion) {
     let rt = runtime();
     let d = delivery();
     let mut g = c.benchmark_group("per_delivery");
-
-    let bare = tower::service_fn(handle);
-    g.bench_function("bare", |b| sequential(b, &rt, &bare, &d));
-
-    let in_flight = ServiceBuilder::new()
-        .layer(InFlightLayer::new(InFlightCounter::new()))
-        .service_fn(handle);
-    g.bench_function("in_flight", |b| sequential(b, &rt, &in_flight, &d));
-
-    let pause = ServiceBuilder::new()
-        .layer(PauseLayer::new(PauseHandle::new()))
-        .service_fn(handle);
-    g.bench_function("pause_open", |b| sequential(b, &rt, &pause, &d));
-
-    let cancel = ServiceBuilder::new()
-        .layer(CancelLayer::new(CancellationToken::new()))
-        .service_fn(handle);
-    g.bench_function("cancel", |b| sequential(b, &rt, &cancel, &d));
-
-    let retry = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            policy(),
-            NoopPublish,
-            CancellationToken::new(),
-        ))
-        .service_fn(handle);
-    g.bench_function("retry", |b| sequential(b, &rt, &retry, &d));
-
-    let dead_letter = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(NoopPublish))
-        .service_fn(handle);
-    g.bench_function("dead_letter", |b| sequential(b, &rt, &dead_letter, &d));
-
-    let full = full_stack!(handle);
-    g.bench_function("full_stack", |b| sequential(b, &rt, &full, &d));
+    cases!(&mut g, &rt, &d, handle, sequential);
     g.finish();
 }
 
@@ -176,12 +207,7 @@ fn concurrent_8_tasks(c: &mut Criterion) {
     let rt = runtime();
     let d = delivery();
     let mut g = c.benchmark_group("concurrent_8_tasks");
-
-    let bare = tower::service_fn(handle_yielding);
-    g.bench_function("bare", |b| concurrent(b, &rt, &bare, &d));
-
-    let full = full_stack!(handle_yielding);
-    g.bench_function("full_stack", |b| concurrent(b, &rt, &full, &d));
+    cases!(&mut g, &rt, &d, handle_yielding, concurrent);
     g.finish();
 }
 
