@@ -496,7 +496,7 @@ async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
                 let d = next.expect("stream").expect("delivery");
                 taken += 1;
                 sink.handle(&d.data);
-                if taken % every == 0 || taken == sink.n {
+                if taken.is_multiple_of(every) || taken == sink.n {
                     // `multiple` with tag 0 would make lapin drop its
                     // buffered deliveries; tags start at 1.
                     assert_ne!(d.delivery_tag, 0, "delivery tag 0 with multiple");
