@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """The layer bench's figures as ratios to the yardstick, and docs/layer-overhead.png.
 
-Run after `cargo bench -p acemq-layers --bench layers`:
+Run after `cargo bench -p acemq-layers --bench layer_ratios` (interleaved,
+robust on a busy machine: the figures to publish) or after
+`cargo bench -p acemq-layers --bench layers` (criterion):
 
-    python3 scripts/layer_chart.py [CRITERION_DIR] [OUT_PNG]
+    python3 scripts/layer_chart.py [SOURCE] [OUT_PNG]
 
-CRITERION_DIR defaults to $CARGO_TARGET_DIR/criterion (or target/criterion);
+SOURCE is the layer_ratios bench's JSON (a path ending in .json, e.g.
+target/layer-ratios.json: per-round ratios, medians taken by the bench) or a
+criterion directory; it defaults to $CARGO_TARGET_DIR/layer-ratios.json when
+that exists, else $CARGO_TARGET_DIR/criterion (CARGO_TARGET_DIR: target);
 OUT_PNG to docs/layer-overhead.png; OUT_PNG `-` prints the table only.
 Needs matplotlib for the chart (`pip install matplotlib`); without it the
 table is still printed.
@@ -61,6 +66,24 @@ def figures(root):
             added = ns - bare
             ratio = added / yard_added if yard_added and yard_added > 0 else None
             rows[key] = (ns, added, ratio)
+        out[group] = rows
+    return out
+
+
+def figures_json(path):
+    """The same shape as figures(), from layer_ratios' JSON."""
+    with open(path) as f:
+        data = json.load(f)
+    out = {}
+    for group, _ in GROUPS:
+        if group not in data or "bare" not in data[group]:
+            continue
+        bare = data[group]["bare"]["median_ns"]
+        rows = {"bare": (bare, None, None)}
+        for key, _ in CASES:
+            if key in data[group]:
+                ns = data[group][key]["median_ns"]
+                rows[key] = (ns, ns - bare, data[group][key]["ratio"])
         out[group] = rows
     return out
 
@@ -142,9 +165,17 @@ def chart(figs, out):
 
 def main():
     target_dir = os.environ.get("CARGO_TARGET_DIR", "target")
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(target_dir, "criterion")
+    default = os.path.join(target_dir, "layer-ratios.json")
+    if not os.path.exists(default):
+        default = os.path.join(target_dir, "criterion")
+    root = sys.argv[1] if len(sys.argv) > 1 else default
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join("docs", "layer-overhead.png")
-    figs = figures(root)
+    if root.endswith(".json"):
+        figs = figures_json(root)
+        print(f"from {root} (layer_ratios: the ratio is the median of the per-round ratios)\n")
+    else:
+        figs = figures(root)
+        print(f"from {root} (criterion: the ratio is of the medians)\n")
     if not figs:
         sys.exit(f"no criterion figures under {root}: run "
                  "`cargo bench -p acemq-layers --bench layers` first")
