@@ -29,7 +29,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use lapin::BasicProperties;
 use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -219,10 +218,9 @@ async fn readyz(health: Health) -> impl IntoResponse {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
+        }))
         .with_writer(std::io::stderr)
         .init();
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
@@ -247,14 +245,17 @@ async fn main() -> ExitCode {
 
     let stats = Arc::new(Stats::default());
     let handler_stats = stats.clone();
-    let app = App::new(config).connection_name("acemq-shop").consume(
+    // Unique per process, so an operator can tell instances apart.
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_owned());
+    let name = format!("acemq-shop@{host}:{}", std::process::id());
+    let app = App::new(config).connection_name(name).consume(
         &args.queue,
         tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
     );
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.
-    let signals = acemq::app::Signals::install();
-    let running = match app.start().await {
+    let mut signals = acemq::app::Signals::install();
+    let running = match app.start_until(signals.stop()).await {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };
@@ -289,10 +290,9 @@ async fn main() -> ExitCode {
         let batch = demo_batch();
         let n = batch.len();
         for (id, body) in batch {
-            let props = BasicProperties::default()
-                .with_message_id(id.as_str().into())
-                .with_content_type("application/json".into())
-                .with_delivery_mode(2);
+            let mut props = acemq::Properties::default();
+            props.message_id = Some(id.clone());
+            props.content_type = Some("application/json".to_owned());
             if let Err(e) = publisher.publish("", &args.queue, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
             }

@@ -15,15 +15,20 @@ mod consumer;
 pub mod convert;
 pub mod drain;
 pub mod health;
+mod otel;
 pub mod publisher;
+mod span;
 pub mod topology;
 
 pub use acemq_layers as layers;
-pub use acemq_layers::{BoxError, Decision, Delivery, Headers, Reason, Reject, Value};
-pub use app::{App, Running, StartError};
+pub use acemq_layers::{
+    BoxError, Cancellation, Decision, Delivery, Headers, Lifeline, Properties, PublishError,
+    Reason, Reject, Value,
+};
+pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
-pub use health::{Health, HealthSnapshot};
+pub use health::{Health, HealthSnapshot, UnknownQueue};
 pub use publisher::Publisher;
 
 /// Compiles the README's Rust code as a doctest, so the quickstart stays true.

@@ -65,6 +65,7 @@ mod delivery;
 mod error;
 pub mod headers;
 pub mod in_flight;
+mod lifeline;
 pub mod pause;
 mod publish;
 pub mod retry;
@@ -80,6 +81,7 @@ pub use error::{
 };
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use lifeline::{Cancellation, Lifeline};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

@@ -9,6 +9,8 @@ mod bad_input;
 mod config_load;
 mod dead_letter;
 mod drain;
+mod faults;
+mod metrics_names;
 mod process;
 mod proxy;
 mod reliability;

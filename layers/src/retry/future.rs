@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Either};
 use pin_project_lite::pin_project;
 use tower::Service;
+use tracing::Instrument;
 
 use super::layer::Config;
 use super::policy::rung_name;
@@ -153,6 +154,9 @@ where
 {
     let policy = &config.policy;
     loop {
+        if delivery.is_orphaned() {
+            return Ok(orphaned(&delivery));
+        }
         let attempt = delivery.attempt();
         let reason = match config.classifier.classify(&*error) {
             Class::Panic if !policy.retry_panics => Some(Reason::Panic),
@@ -227,12 +231,15 @@ where
         let drained = {
             let _guard = config.shared.wait_guard();
             let sleep = pin!(tokio::time::sleep(wait));
-            let cancelled = pin!(config.draining.cancelled());
-            matches!(
-                futures::future::select(sleep, cancelled).await,
-                Either::Right(_)
-            )
+            let lifeline = delivery.lifeline().clone();
+            let draining = pin!(config.draining.cancelled());
+            let lost = pin!(lifeline.lost());
+            let stop = futures::future::select(draining, lost);
+            matches!(futures::future::select(sleep, stop).await, Either::Right(_))
         };
+        if delivery.is_orphaned() {
+            return Ok(orphaned(&delivery));
+        }
         if drained {
             if rung_missing {
                 tracing::debug!(
@@ -247,7 +254,15 @@ where
 
         delivery.set_attempt(next);
         poll_fn(|cx| service.poll_ready(cx)).await?;
-        match service.call(delivery.clone()).await {
+        // The in-process attempt's own span, a child of the delivery's.
+        let span = tracing::info_span!(
+            "acemq.attempt",
+            otel.name = %format_args!("attempt {}", delivery.queue()),
+            acemq.queue = %delivery.queue(),
+            acemq.attempt = i64::from(next),
+        );
+        let call = span.in_scope(|| service.call(delivery.clone()));
+        match call.instrument(span).await {
             Ok(decision) => return Ok(decision),
             Err(e) => error = e,
         }
@@ -287,6 +302,17 @@ async fn leave_for_drain<P: Publish, C>(
             Decision::HandBack
         }
     }
+}
+
+/// The delivery's channel is gone: the broker redelivers it, so this copy
+/// neither waits nor publishes any more.
+fn orphaned(delivery: &Delivery) -> Decision {
+    tracing::debug!(
+        queue = %delivery.queue(),
+        attempt = delivery.attempt(),
+        "not retrying an orphaned delivery (its channel is gone; the broker redelivers it)"
+    );
+    Decision::HandBack
 }
 
 /// Publishes a copy with the original headers and `x-acemq-attempt = next`.
