@@ -18,6 +18,9 @@ pub mod health;
 mod otel;
 pub mod publisher;
 mod span;
+pub mod stack;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod topology;
 
 pub use acemq_layers as layers;
@@ -30,6 +33,7 @@ pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot, UnknownQueue};
 pub use publisher::Publisher;
+pub use stack::{Outcome, QueueStack};
 
 /// Compiles the README's Rust code as a doctest, so the quickstart stays true.
 #[cfg(doctest)]

@@ -17,22 +17,20 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightLayer, Lifeline, PauseHandle,
-    PauseLayer, RetryLayer,
-};
+use acemq_layers::{BoxError, Classify, Delivery, Lifeline, PauseHandle};
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::{Service, ServiceBuilder};
+use tower::{Layer, Service};
 use tracing::{info, warn};
 
 use crate::config::{Config, QueueConfig};
-use crate::connection::{amqp_addr_from_env, connect, redact, ConnectError};
+use crate::connection::{connect_any, redact, resolve_addresses, ConnectError, ConnectOptions};
 use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
 use crate::health::{Health, Role};
 use crate::publisher::Publisher;
+use crate::stack::{Outcome, QueueStack};
 use crate::topology::{Topology, TopologyError};
 
 pub use exit::{finish, start_failed, EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, EXIT_UNAVAILABLE};
@@ -128,6 +126,8 @@ pub struct App {
     addr: Option<String>,
     name: String,
     starters: Vec<(String, Starter)>,
+    /// Retry policies given in code, by queue: they replace the config's.
+    policies: Vec<(String, acemq_layers::RetryPolicy)>,
     health: Health,
     publisher: Publisher,
     publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
@@ -154,6 +154,7 @@ impl App {
             addr: None,
             name: "acemq".to_owned(),
             starters: Vec::new(),
+            policies: Vec::new(),
             health: Health::new(),
             publisher,
             publish_tx,
@@ -201,31 +202,71 @@ impl App {
     /// new channel after a reconnect or a recovery). A middleware that is not
     /// `Clone` (`tower::limit::RateLimit`, say) can be shared by wrapping it
     /// in `tower::buffer::Buffer`, whose handle is.
-    pub fn consume<H>(mut self, queue: &str, handler: H) -> Self
+    pub fn consume<H>(self, queue: &str, handler: H) -> Self
     where
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
         H::Response: Send + 'static,
     {
+        self.consume_with(queue, QueueStack::new(), handler)
+    }
+
+    /// As [`consume`](Self::consume), with your own layers outside the
+    /// acemq stack and around the handler, and the queue's own classifier
+    /// and retry policy: see [`QueueStack`] and the [`stack`](crate::stack)
+    /// module for where each kind of layer belongs.
+    pub fn consume_with<H, O, I, C>(
+        mut self,
+        queue: &str,
+        stack: QueueStack<O, I, C>,
+        handler: H,
+    ) -> Self
+    where
+        H: Send + 'static + Clone,
+        C: Classify + Clone,
+        O: Send + 'static,
+        I: Send + 'static,
+        I: Layer<H>,
+        I::Service: Service<Delivery> + Clone + Send + 'static,
+        <I::Service as Service<Delivery>>::Error: Into<BoxError>,
+        <I::Service as Service<Delivery>>::Future: Send + 'static,
+        <I::Service as Service<Delivery>>::Response: Send + 'static,
+        O: Layer<
+            tower::util::MapResult<
+                crate::stack::Attempts<H, I, Publisher, C>,
+                crate::stack::Sealer,
+            >,
+        >,
+        O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+        BoxError: From<<O::Service as Service<Delivery>>::Error>,
+        <O::Service as Service<Delivery>>::Future: Send + 'static,
+    {
+        if let Some(policy) = &stack.policy {
+            self.policies.push((queue.to_owned(), policy.clone()));
+        }
         // The stack is built again for each generation; the mutex only makes
-        // the starter `Sync` without asking it of `H`.
-        let handler = std::sync::Mutex::new(handler);
+        // the starter `Sync` without asking it of the handler or the layers.
+        let parts = std::sync::Mutex::new((handler, stack));
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
             let q = ctx.queue;
             let sh = ctx.shared;
-            let handler = handler.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let service = ServiceBuilder::new()
-                .layer(PauseLayer::new(ctx.gate.clone()))
-                .layer(InFlightLayer::new(sh.health.in_flight().clone()))
-                .layer(DeadLetterLayer::new(sh.publisher.clone()).enabled(q.dead_letter))
-                .layer(RetryLayer::new(
-                    q.policy(),
-                    sh.publisher.clone(),
-                    sh.draining.clone(),
-                ))
-                .layer(CancelLayer::new(ctx.cancel.clone()).abandon_after(sh.config.abandon_after))
-                .service(handler);
+            let guard = parts.lock().unwrap_or_else(|p| p.into_inner());
+            let (handler, stack) = &*guard;
+            let service = crate::stack::build(
+                crate::stack::Parts {
+                    queue: q,
+                    gate: ctx.gate.clone(),
+                    in_flight: sh.health.in_flight().clone(),
+                    publisher: sh.publisher.clone(),
+                    draining: sh.draining.clone(),
+                    cancel: ctx.cancel.clone(),
+                    abandon_after: sh.config.abandon_after,
+                },
+                stack,
+                handler.clone(),
+            );
+            drop(guard);
             let lp = ConsumerLoop {
                 queue: Arc::from(q.name.as_str()),
                 channel: ctx.channel,
@@ -262,14 +303,20 @@ impl App {
         stop: impl Future<Output = &'static str>,
     ) -> Result<Running, StartError> {
         let App {
-            config,
+            mut config,
             addr,
             name,
             starters,
+            policies,
             health,
             publisher,
             publish_tx,
         } = self;
+        for (queue, policy) in policies {
+            if let Some(q) = config.queues.iter_mut().find(|q| q.name == queue) {
+                q.retries = Some(crate::config::RetriesConfig::from_policy(&policy));
+            }
+        }
         config
             .validate()
             .map_err(|e| StartError::Config(e.to_string()))?;
@@ -297,11 +344,15 @@ impl App {
                 config.host_timeout
             );
         }
-        let addr = addr.unwrap_or_else(amqp_addr_from_env);
+        // Code, then AMQP_ADDR (may be a comma-separated list), then the
+        // config's `addresses`, then the local default.
+        let code: Option<Vec<String>> = addr.map(|a| vec![a]);
+        let addresses = resolve_addresses(code.as_deref(), &config.addresses);
+        let options = ConnectOptions::from_config(&config);
         tokio::pin!(stop);
         let mut opened: Vec<Arc<lapin::Connection>> = Vec::new();
         let result = {
-            let phases = start_phases(&config, &addr, &name, &mut opened);
+            let phases = start_phases(&config, &addresses, &options, &name, &health, &mut opened);
             tokio::select! {
                 r = phases => r,
                 signal = &mut stop => Err(StartError::Stopped { signal }),
@@ -347,7 +398,8 @@ impl App {
         ));
         let shared = Arc::new(Shared {
             link: link.clone(),
-            addr,
+            addresses,
+            options,
             name,
             slots,
             health: health.clone(),
@@ -363,10 +415,28 @@ impl App {
         });
         health.set_connected(Role::Consumer, true);
         health.set_connected(Role::Publisher, true);
+        // Every first generation is installed (registered for the drain,
+        // its loop spawned) before `Running` exists.
         for (index, opened) in first.into_iter().enumerate() {
+            let installed = match shared.install(index, opened) {
+                Ok(Some(i)) => i,
+                Ok(None) => unreachable!("no drain can have begun before start returns"),
+                Err(panic) => {
+                    shared.intake.cancel();
+                    for c in [&consume_conn, &publish_conn] {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into()))
+                                .await;
+                    }
+                    return Err(StartError::Config(format!(
+                        "building the handler stack of {:?} panicked: {panic}",
+                        shared.config.queues[index].name
+                    )));
+                }
+            };
             shared
                 .tracker
-                .spawn(supervisor::run_queue(shared.clone(), index, opened));
+                .spawn(supervisor::run_queue(shared.clone(), index, installed));
         }
         tokio::spawn(supervisor::supervise(shared.clone(), true));
         tokio::spawn(supervisor::supervise(shared.clone(), false));
@@ -431,12 +501,17 @@ type Started = (
 /// or a stop signal can close them.
 async fn start_phases(
     config: &Config,
-    addr: &str,
+    addresses: &[String],
+    options: &ConnectOptions,
     name: &str,
+    health: &Health,
     opened: &mut Vec<Arc<lapin::Connection>>,
 ) -> Result<Started, StartError> {
-    info!(broker = %redact(addr), "connecting");
-    let consume_conn = Arc::new(connect(addr, name, config.connect_timeout).await?);
+    info!(broker = %redact(&addresses.join(",")), "connecting");
+    let c = connect_any(addresses, name, config.connect_timeout, options).await?;
+    info!(broker = %c.address, connection = name, "connected (consumers)");
+    health.set_broker(Role::Consumer, Some(c.address));
+    let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
     let topology = Topology::from_config(config);
     topology.declare(&consume_conn).await?;
@@ -451,13 +526,14 @@ async fn start_phases(
             .join(", ")
     );
     let publish_name = format!("{name}{}", Role::Publisher.suffix());
-    let publish_conn = Arc::new(
-        connect(addr, &publish_name, config.connect_timeout)
-            .await
-            .map_err(|e| StartError::Publisher {
-                message: e.to_string(),
-            })?,
-    );
+    let p = connect_any(addresses, &publish_name, config.connect_timeout, options)
+        .await
+        .map_err(|e| StartError::Publisher {
+            message: e.to_string(),
+        })?;
+    info!(broker = %p.address, connection = %publish_name, "connected (publisher)");
+    health.set_broker(Role::Publisher, Some(p.address));
+    let publish_conn = Arc::new(p.connection);
     opened.push(publish_conn.clone());
     // Consumers start only now, after the topology is declared.
     let mut first = Vec::new();
