@@ -1,30 +1,64 @@
-//! End-to-end throughput and client CPU: acemq's full stack against the
-//! fastest plain lapin consumer, on the real broker.
+//! End-to-end throughput, client CPU and broker CPU: acemq's full stack
+//! against plain lapin consumers, on a real broker, ratios in one run.
 //!
-//! Each run publishes `N` messages of 256 bytes with confirms into a fresh,
-//! uniquely named queue (declared exactly as acemq declares it: `Q` with its
-//! dead-letter arguments, `Q.dlq`), then times one consumer from its connect
-//! until the handler has seen all `N`, and deletes the queues. The handler is
-//! the same everywhere: a checksum of the body.
+//! Each run publishes `N` messages of 256 bytes with confirms — persistent
+//! (`delivery_mode` 2) unless told otherwise — into a fresh, uniquely named
+//! durable queue (declared exactly as acemq declares it: `Q` with its
+//! dead-letter arguments, `Q.dlq`; classic, or quorum), waits (bounded) for
+//! the machine's 1-min load average to fall below a threshold, then times one
+//! consumer from its connect until the handler has seen all `N`, and deletes
+//! the queues. The handler is the same everywhere: a checksum of the body.
 //!
-//! - **A** — plain lapin, three shapes: `a-task-per-delivery` (a task per
-//!   delivery under a semaphore, the permit held until the ack completes),
-//!   `b-worker-pool` (`concurrency` long-lived workers sharing the stream,
-//!   each awaiting its ack), `c-futures-unordered` (handlers and acks in one
-//!   task in `FuturesUnordered`, the slot released when the handler returns,
-//!   before the ack is awaited).
+//! - **a** `task-per-delivery` — plain lapin, a task per delivery under a
+//!   semaphore, the permit held until the ack completes;
+//! - **b** `worker-pool` — `concurrency` long-lived workers sharing the
+//!   stream, each awaiting its ack;
+//! - **c** `futures-unordered` — handlers and acks in one task in
+//!   `FuturesUnordered`, the slot released when the handler returns, before
+//!   the ack is awaited (the fastest shape that acks each delivery);
+//! - **m** `multi-ack` — plain lapin, the handler inline in the stream loop,
+//!   one `basic.ack` with `multiple = true` every `M` deliveries (and at the
+//!   last one): the limit, no settle bookkeeping at all. `M` is
+//!   `ACEMQ_BENCH_MULTI_ACK` (default 50), capped at prefetch/2 (else the
+//!   broker would stop sending before the `M`-th delivery); never tag 0;
 //! - **B** — `acemq::App` with the full stack (pause, in-flight,
-//!   dead-letter, retry, cancel), `start()`, wait until `N` handled, `drain()`.
+//!   dead-letter, retry, cancel), `start()`, wait until `N` handled,
+//!   `drain()`; `ack_batch` as the config's default, or as
+//!   `ACEMQ_BENCH_ACK_BATCH` says;
+//! - **B0** — the same with `ack_batch: 0` (coalescing off; only when
+//!   `QueueConfig` has the field: the bench probes it and says so).
 //!
-//! Runs are interleaved (a b c B, rotating the order each round) so that the
-//! load from anything else on the machine falls on both sides; the ratios
-//! B/A are taken against the A shape with the best median throughput.
+//! Per consumer: msgs/s, client CPU per message (this process's
+//! `CLOCK_PROCESS_CPUTIME_ID`; the user/sys split from `/proc/self/stat`),
+//! broker CPU per message (utime + stime of the node's `beam.smp` from
+//! `/proc/PID/stat`, over the same window). On a shared broker the broker's
+//! figure includes everyone else's traffic: measure it on a node of the
+//! bench's own (`ACEMQ_BENCH_ADDR` + `ACEMQ_BENCH_NODE`, see BENCHMARKS.md).
 //!
-//! Run with: `cargo bench --bench throughput`
-//! (env: `ACEMQ_BENCH_N`, default 100000; `ACEMQ_BENCH_ROUNDS`, default 3;
-//! `ACEMQ_BENCH_SHAPES`, default `100x8,10x1` (prefetch × concurrency);
-//! `ACEMQ_BENCH_ONLY`, a comma list of `a`, `b`, `c`, `B` to run only
-//! those consumers, e.g. under `perf record`; `AMQP_ADDR`).
+//! Runs are interleaved, the order rotated each round (a b c m B B0, then
+//! b c m B B0 a, …), so the load from anything else falls on every consumer;
+//! each figure is the median of the rounds, and the ratios are taken between
+//! medians of the same run: against the fastest plain shape that acks each
+//! delivery (a, b or c; c in practice) and against m.
+//!
+//! Run with: `cargo bench --bench throughput` (add `-- --transient` for
+//! transient messages). Environment:
+//!
+//! | variable | default | what |
+//! |---|---|---|
+//! | `ACEMQ_BENCH_N` | 50000 | messages per run |
+//! | `ACEMQ_BENCH_ROUNDS` | 5 | rounds (medians of these) |
+//! | `ACEMQ_BENCH_SHAPES` | `100x8,10x1` | prefetch × concurrency |
+//! | `ACEMQ_BENCH_QUEUE_TYPES` | `classic` | `classic`, `quorum`, or both |
+//! | `ACEMQ_BENCH_ONLY` | all | a comma list of `a,b,c,m,B,B0` |
+//! | `ACEMQ_BENCH_TRANSIENT` | unset | `1`: transient messages |
+//! | `ACEMQ_BENCH_MULTI_ACK` | 50 | m's `M` (capped at prefetch/2) |
+//! | `ACEMQ_BENCH_ACK_BATCH` | unset | B's `ack_batch`, YAML as written |
+//! | `ACEMQ_BENCH_ACK_BATCH_OFF` | `0` | B0's `ack_batch`, YAML as written |
+//! | `ACEMQ_BENCH_MAX_LOAD` | 1.5 | wait before a run until the 1-min load ≤ this |
+//! | `ACEMQ_BENCH_LOAD_WAIT` | 90 | … for at most this many seconds, then warn |
+//! | `ACEMQ_BENCH_ADDR` | `AMQP_ADDR` | the broker's AMQP address |
+//! | `ACEMQ_BENCH_NODE` | `rabbitmqctl`'s | the node whose `beam.smp` is measured |
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -35,16 +69,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq::{App, Delivery};
+use acemq::{App, Config, Delivery};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::Connection;
+use lapin::{BasicProperties, Connection};
 use tokio::sync::{Mutex, Notify, Semaphore};
 use tokio_util::task::TaskTracker;
 
-use support::{median, Broker, Cpu};
+use support::{median, Broker, BrokerProcess, Cpu};
 
 const BODY_LEN: usize = 256;
 
@@ -83,15 +117,19 @@ enum Kind {
     TaskPerDelivery,
     WorkerPool,
     FuturesUnordered,
+    MultiAck,
     Acemq,
+    AcemqAckOff,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [
+    const ALL: [Kind; 6] = [
         Kind::TaskPerDelivery,
         Kind::WorkerPool,
         Kind::FuturesUnordered,
+        Kind::MultiAck,
         Kind::Acemq,
+        Kind::AcemqAckOff,
     ];
 
     fn letter(self) -> &'static str {
@@ -99,18 +137,224 @@ impl Kind {
             Kind::TaskPerDelivery => "a",
             Kind::WorkerPool => "b",
             Kind::FuturesUnordered => "c",
+            Kind::MultiAck => "m",
             Kind::Acemq => "B",
+            Kind::AcemqAckOff => "B0",
         }
     }
 
     fn name(self) -> &'static str {
         match self {
-            Kind::TaskPerDelivery => "A a-task-per-delivery",
-            Kind::WorkerPool => "A b-worker-pool",
-            Kind::FuturesUnordered => "A c-futures-unordered",
+            Kind::TaskPerDelivery => "a task-per-delivery",
+            Kind::WorkerPool => "b worker-pool",
+            Kind::FuturesUnordered => "c futures-unordered",
+            Kind::MultiAck => "m multi-ack (the limit)",
             Kind::Acemq => "B acemq full stack",
+            Kind::AcemqAckOff => "B0 acemq, ack_batch off",
         }
     }
+
+    /// A plain lapin shape that acknowledges each delivery with its own frame.
+    fn acks_each(self) -> bool {
+        matches!(
+            self,
+            Kind::TaskPerDelivery | Kind::WorkerPool | Kind::FuturesUnordered
+        )
+    }
+}
+
+/// Everything a run is told, from the environment and the arguments.
+struct Settings {
+    n: u64,
+    rounds: usize,
+    persistent: bool,
+    queue_types: Vec<String>,
+    shapes: Vec<(u16, usize)>,
+    multi_ack: u64,
+    /// B's `ack_batch` (YAML), `None`: the config's default.
+    ack_batch: Option<String>,
+    /// B0's `ack_batch` (YAML).
+    ack_batch_off: String,
+    /// Whether `QueueConfig` knows `ack_batch` (else B0 is skipped).
+    ack_batch_known: bool,
+    only: Option<Vec<String>>,
+    max_load: f64,
+    load_wait: Duration,
+    broker_process: Option<BrokerProcess>,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let transient = args.iter().any(|a| a == "--transient")
+            || std::env::var("ACEMQ_BENCH_TRANSIENT").is_ok_and(|v| v == "1" || v == "true");
+        let queue_types: Vec<String> = std::env::var("ACEMQ_BENCH_QUEUE_TYPES")
+            .unwrap_or_else(|_| "classic".into())
+            .split(',')
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .collect();
+        for t in &queue_types {
+            if t != "classic" && t != "quorum" {
+                fail(&format!(
+                    "ACEMQ_BENCH_QUEUE_TYPES: {t:?} is not a queue type; use classic, quorum or classic,quorum"
+                ));
+            }
+        }
+        let shapes = std::env::var("ACEMQ_BENCH_SHAPES")
+            .unwrap_or_else(|_| "100x8,10x1".into())
+            .split(',')
+            .map(|shape| {
+                shape
+                    .trim()
+                    .split_once('x')
+                    .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
+                    .filter(|&(p, c): &(u16, usize)| p > 0 && c > 0)
+                    .unwrap_or_else(|| {
+                        fail(&format!(
+                            "ACEMQ_BENCH_SHAPES: {shape:?} is not PREFETCHxCONCURRENCY, e.g. 100x8"
+                        ))
+                    })
+            })
+            .collect();
+        let multi_ack: u64 = support::env_or("ACEMQ_BENCH_MULTI_ACK", 50);
+        if multi_ack == 0 {
+            fail("ACEMQ_BENCH_MULTI_ACK: must be at least 1");
+        }
+        let rounds: usize = support::env_or("ACEMQ_BENCH_ROUNDS", 5);
+        let ack_batch = std::env::var("ACEMQ_BENCH_ACK_BATCH")
+            .ok()
+            .filter(|v| !v.trim().is_empty());
+        let ack_batch_off =
+            std::env::var("ACEMQ_BENCH_ACK_BATCH_OFF").unwrap_or_else(|_| "0".into());
+        if let Some(v) = &ack_batch {
+            if let Err(e) = Config::from_yaml_str(&support::config_yaml(
+                "acemq-bench.probe",
+                10,
+                1,
+                "classic",
+                &[("ack_batch", v)],
+            )) {
+                fail(&format!(
+                    "ACEMQ_BENCH_ACK_BATCH={v:?} is not a valid `ack_batch`: {e}"
+                ));
+            }
+        }
+        let ack_batch_known = match Config::from_yaml_str(&support::config_yaml(
+            "acemq-bench.probe",
+            10,
+            1,
+            "classic",
+            &[("ack_batch", &ack_batch_off)],
+        )) {
+            Ok(_) => true,
+            Err(e) => {
+                println!(
+                    "note: `ack_batch: {ack_batch_off}` is not accepted by QueueConfig ({e}); \
+                     B0 is skipped and B acks as today's consumer does"
+                );
+                false
+            }
+        };
+        let only = std::env::var("ACEMQ_BENCH_ONLY").ok().map(|only| {
+            only.split(',')
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect::<Vec<_>>()
+        });
+        if let Some(only) = &only {
+            for k in only {
+                if !Kind::ALL.iter().any(|kind| kind.letter() == k) {
+                    fail(&format!(
+                        "ACEMQ_BENCH_ONLY: {k:?} is not a consumer; use a comma list of a,b,c,m,B,B0"
+                    ));
+                }
+            }
+        }
+        let node = support::node_from_env();
+        if std::env::var("ACEMQ_BENCH_ADDR").is_ok() && node.is_none() {
+            println!(
+                "warning: ACEMQ_BENCH_ADDR is set but ACEMQ_BENCH_NODE is not: the broker CPU is \
+                 read from rabbitmqctl's default node, which may not be the broker at that address"
+            );
+        }
+        let broker_process = match BrokerProcess::find(node.as_deref()) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                println!("warning: broker CPU not measured: {e}");
+                None
+            }
+        };
+        Settings {
+            n: support::env_or("ACEMQ_BENCH_N", 50_000),
+            rounds: rounds.max(1),
+            persistent: !transient,
+            queue_types,
+            shapes,
+            multi_ack,
+            ack_batch,
+            ack_batch_off,
+            ack_batch_known,
+            only,
+            max_load: support::env_or("ACEMQ_BENCH_MAX_LOAD", 1.5),
+            load_wait: Duration::from_secs(support::env_or("ACEMQ_BENCH_LOAD_WAIT", 90)),
+            broker_process,
+        }
+    }
+
+    /// Whether `kind` runs: named by `ACEMQ_BENCH_ONLY` (if set), and B0
+    /// only when `ack_batch` exists.
+    fn runs(&self, kind: Kind) -> bool {
+        if kind == Kind::AcemqAckOff && !self.ack_batch_known {
+            return false;
+        }
+        match &self.only {
+            Some(only) => only.iter().any(|k| k == kind.letter()),
+            None => true,
+        }
+    }
+
+    /// m's `M` at `prefetch`: at most prefetch/2 (at least 1).
+    fn multi_ack_at(&self, prefetch: u16) -> u64 {
+        self.multi_ack.min((u64::from(prefetch) / 2).max(1))
+    }
+
+    /// The config acemq's consumer runs with, for `kind` (B or B0).
+    ///
+    /// TODO(ack_batch): `QueueConfig::ack_batch` (the lead's field, issue 15)
+    /// is set through the YAML key `ack_batch`, the value as
+    /// `ACEMQ_BENCH_ACK_BATCH` / `ACEMQ_BENCH_ACK_BATCH_OFF` write it. If the
+    /// field gets another key or its off value is not `0`, change only this
+    /// function (or the env defaults above).
+    fn acemq_config(
+        &self,
+        kind: Kind,
+        queue: &str,
+        queue_type: &str,
+        prefetch: u16,
+        concurrency: usize,
+    ) -> Config {
+        let ack_batch = match kind {
+            Kind::AcemqAckOff => Some(self.ack_batch_off.as_str()),
+            _ => self.ack_batch.as_deref(),
+        };
+        let extra: Vec<(&str, &str)> = ack_batch.map(|v| ("ack_batch", v)).into_iter().collect();
+        let yaml = support::config_yaml(queue, prefetch, concurrency, queue_type, &extra);
+        Config::from_yaml_str(&yaml).expect("bench config")
+    }
+
+    fn props(&self) -> BasicProperties {
+        if self.persistent {
+            BasicProperties::default().with_delivery_mode(2)
+        } else {
+            BasicProperties::default()
+        }
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("throughput bench: {msg}");
+    std::process::exit(2);
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,6 +363,10 @@ struct Sample {
     cpu_us_per_msg: f64,
     user_us_per_msg: f64,
     sys_us_per_msg: f64,
+    /// NaN when the broker's CPU could not be read.
+    broker_us_per_msg: f64,
+    /// The 1-min load average just before the timed window.
+    load: f64,
 }
 
 /// Opens the plain consumer's connection and channel.
@@ -226,9 +474,52 @@ async fn futures_unordered(queue: String, prefetch: u16, concurrency: usize, sin
     let _ = conn.close(200, "bench done".into()).await;
 }
 
-/// B: acemq with the full stack.
-async fn acemq(queue: String, prefetch: u16, concurrency: usize, sink: Arc<Sink>) {
-    let config = support::config(&queue, prefetch, concurrency);
+/// (m) The limit: the handler inline in the stream loop, one `basic.ack`
+/// with `multiple = true` for every `every` deliveries and one at the last
+/// delivery; the acks are driven beside the stream, never awaited in turn.
+///
+/// The acks go through `Channel::basic_ack`, polled once at once so that
+/// each frame is queued in tag order. Not through `Acker::ack`: lapin sends
+/// an `Acker`'s settle from a task it spawns per settle, so two of them can
+/// reach the socket out of order — a `multiple` ack of tag 10 ahead of one
+/// of tag 5, and the broker closes the channel with 406 "unknown delivery
+/// tag 5" (seen here with `Acker`s, prefetch 10, every 5).
+async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
+    let (conn, ch, mut consumer) = plain_consumer(&queue, prefetch).await;
+    let mut acks = FuturesUnordered::new();
+    let mut taken = 0u64;
+    loop {
+        tokio::select! {
+            biased;
+            Some(()) = acks.next(), if !acks.is_empty() => {}
+            next = consumer.next(), if taken < sink.n => {
+                let d = next.expect("stream").expect("delivery");
+                taken += 1;
+                sink.handle(&d.data);
+                if taken.is_multiple_of(every) || taken == sink.n {
+                    // `multiple` with tag 0 would make lapin drop its
+                    // buffered deliveries; tags start at 1.
+                    assert_ne!(d.delivery_tag, 0, "delivery tag 0 with multiple");
+                    let ch = ch.clone();
+                    let mut ack = Box::pin(async move {
+                        ch.basic_ack(d.delivery_tag, BasicAckOptions { multiple: true })
+                            .await
+                            .expect("ack");
+                    });
+                    // The first poll queues the frame, here, in order.
+                    if futures::poll!(ack.as_mut()).is_pending() {
+                        acks.push(ack);
+                    }
+                }
+            }
+            else => break,
+        }
+    }
+    let _ = conn.close(200, "bench done".into()).await;
+}
+
+/// B / B0: acemq with the full stack, on `config`.
+async fn acemq(config: Config, queue: String, sink: Arc<Sink>) {
     let s = sink.clone();
     let handler = tower::service_fn(move |d: Delivery| {
         let s = s.clone();
@@ -251,30 +542,60 @@ async fn acemq(queue: String, prefetch: u16, concurrency: usize, sink: Arc<Sink>
     running.drain().await.expect("drain");
 }
 
+/// One scenario: queue type and prefetch × concurrency.
+#[derive(Clone, Copy, Debug)]
+struct Scenario<'a> {
+    queue_type: &'a str,
+    prefetch: u16,
+    concurrency: usize,
+}
+
 /// One timed run of `kind` on a fresh queue holding `n` messages.
-async fn run_one(broker: &Broker, kind: Kind, n: u64, prefetch: u16, concurrency: usize) -> Sample {
+async fn run_one(broker: &Broker, st: &Settings, kind: Kind, sc: Scenario<'_>) -> Sample {
+    let Scenario {
+        queue_type,
+        prefetch,
+        concurrency,
+    } = sc;
+    let n = st.n;
     let queue = support::unique("tp");
-    let config = support::config(&queue, prefetch, concurrency);
+    let config = st.acemq_config(Kind::Acemq, &queue, queue_type, prefetch, concurrency);
     broker.declare(&config).await;
-    broker.publish(&queue, n, &[0x5a; BODY_LEN]).await;
+    broker
+        .publish_with(&queue, n, &[0x5a; BODY_LEN], st.props())
+        .await;
+    let (load, waited) = support::wait_for_load(st.max_load, st.load_wait).await;
+    if waited >= Duration::from_secs(2) {
+        eprintln!(
+            "  (waited {:.0} s for the 1-min load to fall to {load:.2})",
+            waited.as_secs_f64()
+        );
+    }
 
     let sink = Sink::new(n);
     let done = sink.done.notified();
     tokio::pin!(done);
     done.as_mut().enable();
 
+    let broker_cpu = || st.broker_process.as_ref().and_then(BrokerProcess::cpu);
     let cpu0 = Cpu::now();
+    let b0 = broker_cpu();
     let t0 = Instant::now();
     let (q, s) = (queue.clone(), sink.clone());
     let task = match kind {
         Kind::TaskPerDelivery => spawn(task_per_delivery(q, prefetch, concurrency, s)),
         Kind::WorkerPool => spawn(worker_pool(q, prefetch, concurrency, s)),
         Kind::FuturesUnordered => spawn(futures_unordered(q, prefetch, concurrency, s)),
-        Kind::Acemq => spawn(acemq(q, prefetch, concurrency, s)),
+        Kind::MultiAck => spawn(multi_ack(q, prefetch, st.multi_ack_at(prefetch), s)),
+        Kind::Acemq | Kind::AcemqAckOff => {
+            let config = st.acemq_config(kind, &q, queue_type, prefetch, concurrency);
+            spawn(acemq(config, q, s))
+        }
     };
     done.await;
     let elapsed = t0.elapsed();
     let cpu = Cpu::now().since(cpu0);
+    let b1 = broker_cpu();
     task.await.expect("consumer task");
     broker.delete(&config).await;
 
@@ -284,14 +605,11 @@ async fn run_one(broker: &Broker, kind: Kind, n: u64, prefetch: u16, concurrency
         cpu_us_per_msg: per_msg(cpu.total),
         user_us_per_msg: per_msg(cpu.user),
         sys_us_per_msg: per_msg(cpu.sys),
-    }
-}
-
-/// Whether `ACEMQ_BENCH_ONLY` (if set) names `kind`.
-fn selected(kind: Kind) -> bool {
-    match std::env::var("ACEMQ_BENCH_ONLY") {
-        Ok(only) => only.split(',').any(|k| k.trim() == kind.letter()),
-        Err(_) => true,
+        broker_us_per_msg: match (b0, b1) {
+            (Some(b0), Some(b1)) => per_msg(b1.saturating_sub(b0)),
+            _ => f64::NAN,
+        },
+        load,
     }
 }
 
@@ -299,80 +617,188 @@ fn spawn(f: impl Future<Output = ()> + Send + 'static) -> tokio::task::JoinHandl
     tokio::spawn(f)
 }
 
-async fn scenario(broker: &Broker, n: u64, rounds: usize, prefetch: u16, concurrency: usize) {
-    println!("\n## prefetch {prefetch} × concurrency {concurrency}, N = {n}, {rounds} rounds\n");
-    let mut samples: Vec<(Kind, Vec<Sample>)> =
-        Kind::ALL.iter().map(|k| (*k, Vec::new())).collect();
-    for round in 0..rounds {
-        // Rotate the order so no shape always runs first or last.
-        for i in 0..Kind::ALL.len() {
-            let idx = (i + round) % Kind::ALL.len();
-            let kind = Kind::ALL[idx];
-            if !selected(kind) {
-                continue;
-            }
-            let s = run_one(broker, kind, n, prefetch, concurrency).await;
+fn med(v: &[Sample], f: fn(&Sample) -> f64) -> f64 {
+    median(&v.iter().map(f).collect::<Vec<_>>())
+}
+
+/// `x` with `digits` decimals, or `-` when it is not a number.
+fn fmt(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.digits$}")
+    } else {
+        "-".to_owned()
+    }
+}
+
+/// One line of the summary at the end.
+struct Summary {
+    scenario: String,
+    reference: &'static str,
+    lines: Vec<String>,
+}
+
+async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Summary> {
+    let Scenario {
+        queue_type,
+        prefetch,
+        concurrency,
+    } = sc;
+    let every = st.multi_ack_at(prefetch);
+    let title = format!(
+        "{queue_type} queue, {}, prefetch {prefetch} × concurrency {concurrency}",
+        if st.persistent {
+            "persistent"
+        } else {
+            "transient"
+        }
+    );
+    println!(
+        "\n## {title}, N = {}, {} rounds (m acks multiple every {every}; B's ack_batch: {})\n",
+        st.n,
+        st.rounds,
+        st.ack_batch.as_deref().unwrap_or("the config's default")
+    );
+    let active: Vec<Kind> = Kind::ALL.iter().copied().filter(|k| st.runs(*k)).collect();
+    let mut samples: Vec<(Kind, Vec<Sample>)> = active.iter().map(|k| (*k, Vec::new())).collect();
+    for round in 0..st.rounds {
+        eprintln!(
+            "round {round}: 1-min load average {:.2}",
+            support::load_1min()
+        );
+        // Rotate the order so no consumer always runs first or last.
+        for i in 0..active.len() {
+            let idx = (i + round) % active.len();
+            let kind = active[idx];
+            let s = run_one(broker, st, kind, sc).await;
             eprintln!(
-                "round {round} {:<24} {:>8.0} msgs/s {:>6.2} µs CPU/msg",
+                "round {round} {:<26} {:>8.0} msgs/s {:>6.2} µs client CPU/msg {:>6} µs broker CPU/msg (load {:.2})",
                 kind.name(),
                 s.msgs_per_s,
-                s.cpu_us_per_msg
+                s.cpu_us_per_msg,
+                fmt(s.broker_us_per_msg, 2),
+                s.load,
             );
             samples[idx].1.push(s);
         }
     }
 
-    samples.retain(|(k, _)| selected(*k));
-    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
-    println!("| consumer | msgs/s (median) | msgs/s (runs) | CPU µs/msg (median) | user | sys |");
-    println!("|---|---:|---|---:|---:|---:|");
+    println!("| consumer | msgs/s (median) | msgs/s (runs) | client CPU µs/msg (median) | user | sys | broker CPU µs/msg (median) |");
+    println!("|---|---:|---|---:|---:|---:|---:|");
     for (kind, v) in &samples {
         let runs: Vec<String> = v.iter().map(|s| format!("{:.0}", s.msgs_per_s)).collect();
         println!(
-            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {} |",
             kind.name(),
             med(v, |s| s.msgs_per_s),
             runs.join(", "),
             med(v, |s| s.cpu_us_per_msg),
             med(v, |s| s.user_us_per_msg),
             med(v, |s| s.sys_us_per_msg),
+            fmt(med(v, |s| s.broker_us_per_msg), 2),
         );
     }
-    let Some((a_kind, a)) = samples
+    let loads: Vec<f64> = samples
         .iter()
-        .filter(|(k, _)| *k != Kind::Acemq)
-        .max_by(|x, y| med(&x.1, |s| s.msgs_per_s).total_cmp(&med(&y.1, |s| s.msgs_per_s)))
-    else {
-        return;
-    };
-    let Some((_, b)) = samples.iter().find(|(k, _)| *k == Kind::Acemq) else {
-        return;
-    };
-    let tp = med(b, |s| s.msgs_per_s) / med(a, |s| s.msgs_per_s);
-    let cpu = med(b, |s| s.cpu_us_per_msg) / med(a, |s| s.cpu_us_per_msg);
+        .flat_map(|(_, v)| v.iter().map(|s| s.load))
+        .collect();
     println!(
-        "\nfastest A: {}; B/A throughput {tp:.3} (target ≥ 0.97), B/A CPU per message {cpu:.3} (target ≤ 1.10)",
-        a_kind.name()
+        "\n1-min load average before each run: median {:.2}, max {:.2} (waited for ≤ {} up to {} s)",
+        median(&loads),
+        loads.iter().copied().fold(f64::NAN, f64::max),
+        st.max_load,
+        st.load_wait.as_secs()
     );
+
+    // The reference: the fastest plain shape that acks each delivery.
+    let reference = samples
+        .iter()
+        .filter(|(k, _)| k.acks_each())
+        .max_by(|x, y| med(&x.1, |s| s.msgs_per_s).total_cmp(&med(&y.1, |s| s.msgs_per_s)));
+    let limit = samples.iter().find(|(k, _)| *k == Kind::MultiAck);
+    let ratio = |v: &[Sample], r: Option<&(Kind, Vec<Sample>)>, f: fn(&Sample) -> f64| {
+        r.map_or(f64::NAN, |(_, r)| med(v, f) / med(r, f))
+    };
+    let ref_letter = reference.map_or("-", |(k, _)| k.letter());
+    println!(
+        "\nratios of medians in this run, against {} (the fastest plain shape that acks each delivery) and against m (multiple every {every}):\n",
+        reference.map_or("— (no a, b or c ran)", |(k, _)| k.name()),
+    );
+    println!(
+        "| consumer | msgs/s ×{ref_letter} | client CPU ×{ref_letter} | broker CPU ×{ref_letter} | msgs/s ×m | client CPU ×m | broker CPU ×m |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut lines = Vec::new();
+    for (kind, v) in &samples {
+        let cells = [
+            ratio(v, reference, |s| s.msgs_per_s),
+            ratio(v, reference, |s| s.cpu_us_per_msg),
+            ratio(v, reference, |s| s.broker_us_per_msg),
+            ratio(v, limit, |s| s.msgs_per_s),
+            ratio(v, limit, |s| s.cpu_us_per_msg),
+            ratio(v, limit, |s| s.broker_us_per_msg),
+        ];
+        let cells: Vec<String> = cells.iter().map(|x| fmt(*x, 3)).collect();
+        println!("| {} | {} |", kind.name(), cells.join(" | "));
+        if matches!(kind, Kind::Acemq | Kind::AcemqAckOff) {
+            lines.push(format!(
+                "{}: msgs/s ×{ref_letter} {}, ×m {}; client CPU ×{ref_letter} {}; broker CPU ×{ref_letter} {}",
+                kind.letter(),
+                cells[0],
+                cells[3],
+                cells[1],
+                cells[2],
+            ));
+        }
+    }
+    let tp_target = if prefetch >= 100 { "1.3" } else { "1.2" };
+    println!(
+        "\ntargets (issue 15), coalescing on (B): msgs/s ≥ {tp_target}×{ref_letter} and ≥ 0.9×m, broker CPU ≤ 0.7×{ref_letter}, client CPU ≤ 0.8×{ref_letter}; coalescing off (B0, or B before the ledger): msgs/s ≥ 1.0×{ref_letter}"
+    );
+    Some(Summary {
+        scenario: format!("{title}, N = {}, {} rounds", st.n, st.rounds),
+        reference: reference.map_or("-", |(k, _)| k.name()),
+        lines,
+    })
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; this harness has no options.
-    let n: u64 = support::env_or("ACEMQ_BENCH_N", 100_000);
-    let rounds: usize = support::env_or("ACEMQ_BENCH_ROUNDS", 3);
+    // `cargo bench` passes `--bench`; the only option read is `--transient`.
+    let st = Settings::from_env();
     support::runtime().block_on(async {
-        let broker = support::start("throughput", &format!(", {n} × {BODY_LEN} B")).await;
-        let shapes = std::env::var("ACEMQ_BENCH_SHAPES").unwrap_or_else(|_| "100x8,10x1".into());
-        for shape in shapes.split(',') {
-            let parsed = shape
-                .trim()
-                .split_once('x')
-                .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)));
-            let Some((prefetch, concurrency)) = parsed else {
-                eprintln!("ACEMQ_BENCH_SHAPES: {shape:?} is not PREFETCHxCONCURRENCY, e.g. 100x8");
-                std::process::exit(2);
-            };
-            scenario(&broker, n, rounds, prefetch, concurrency).await;
+        let broker_cpu = match &st.broker_process {
+            Some(p) => format!(", broker CPU from {} (pid {})", p.node, p.pid),
+            None => ", broker CPU not measured".to_owned(),
+        };
+        let broker = support::start(
+            "throughput",
+            &format!(
+                ", {} × {BODY_LEN} B {}{broker_cpu}",
+                st.n,
+                if st.persistent {
+                    "persistent"
+                } else {
+                    "transient"
+                }
+            ),
+        )
+        .await;
+        let mut summaries = Vec::new();
+        for queue_type in &st.queue_types {
+            for &(prefetch, concurrency) in &st.shapes {
+                let sc = Scenario {
+                    queue_type,
+                    prefetch,
+                    concurrency,
+                };
+                summaries.extend(scenario(&broker, &st, sc).await);
+            }
+        }
+        println!("\n## summary (ratios of medians, each within its own scenario)\n");
+        for s in &summaries {
+            println!("- {} (reference: {})", s.scenario, s.reference);
+            for l in &s.lines {
+                println!("  - {l}");
+            }
         }
     });
 }

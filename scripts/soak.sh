@@ -9,6 +9,15 @@
 # Extra arguments go to `cargo test` (e.g. --release). The output, with the
 # figure tables, is also written to $SOAK_LOG (default target/soak.log).
 # AMQP_ADDR selects the broker (default amqp://guest:guest@127.0.0.1:5672/%2f).
+#
+# SOAK_TEST picks the soak tests by name (default `soak`: all three), e.g.
+# SOAK_TEST=soak_sigkill for the SIGKILL soak alone. ACEMQ_SOAK_ACK_BATCH is
+# written into every shop instance's queue config as `ack_batch: <value>`
+# (unset: the config's default). SIGKILL duplicates per kill, with and
+# without ack coalescing, one command each:
+#
+#   SOAK_TEST=soak_sigkill ACEMQ_SOAK_ACK_BATCH=0 SOAK_LOG=target/soak-kill-off.log scripts/soak.sh
+#   SOAK_TEST=soak_sigkill SOAK_LOG=target/soak-kill-on.log scripts/soak.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,9 +44,11 @@ mkdir -p "$(dirname "$log")"
 echo "soak: output also in $log"
 start=$(date +%s)
 status=0
-cargo test "$@" --test broker soak -- --ignored --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
+test_filter="${SOAK_TEST:-soak}"
+echo "soak: tests matching '$test_filter', ack_batch: ${ACEMQ_SOAK_ACK_BATCH:-unset, the config default}"
+cargo test "$@" --test broker "$test_filter" -- --ignored --nocapture --test-threads=1 2>&1 | tee "$log" || status=$?
 echo
 echo "soak: finished in $(( $(date +%s) - start )) s (exit $status); the figure tables again:"
 awk '/^==== soak/ { p = 1 } p && /^$/ { p = 0 } p' "$log"
-grep -E '^(A handed back|test result)' "$log" || true
+grep -E '^(A handed back|SIGKILL duplicates|test result)' "$log" || true
 exit "$status"

@@ -1,0 +1,196 @@
+//! The cases the layer benches time, and how they time them: shared by the
+//! criterion bench (`layers.rs`) and the interleaved ratio runner
+//! (`layer_ratios.rs`). Included by path.
+//!
+//! **Time is this thread's CPU time** (`CLOCK_THREAD_CPUTIME_ID`), not the
+//! wall clock: the runtime is `current_thread`, so every delivery, the 8
+//! tasks' too, runs on the timing thread, and the time the thread spends
+//! preempted on a busy shared machine is not counted.
+
+use std::fmt::Debug;
+use std::hint::black_box;
+use std::time::Duration;
+
+use acemq_layers::{BoxError, Decision, Delivery};
+use tokio::runtime::Runtime;
+use tower::{Service, ServiceExt};
+
+use crate::success_path::handle;
+
+/// The success path's handler, yielding once to the runtime first (the
+/// 8-task group).
+pub(crate) async fn handle_yielding(d: Delivery) -> Result<Decision, BoxError> {
+    tokio::task::yield_now().await;
+    black_box(d.body().len());
+    Ok(Decision::Ack)
+}
+
+pub(crate) fn delivery() -> Delivery {
+    Delivery::builder()
+        .queue("bench.orders")
+        .routing_key("bench.orders")
+        .delivery_tag(1)
+        .body(vec![7u8; 256])
+        .build()
+}
+
+pub(crate) fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// This thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// What a bench does with each case.
+pub(crate) trait Visit {
+    fn case<S>(&mut self, name: &'static str, svc: S)
+    where
+        S: Service<Delivery> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Debug;
+}
+
+/// Permits of the yardstick's `ConcurrencyLimit`: the concurrency default,
+/// never exhausted here (one delivery at a time, or one per task of 8).
+pub(crate) const YARDSTICK_PERMITS: usize = 8;
+
+/// Every case around `$handler`, in order: bare, the yardstick (tower's
+/// `ConcurrencyLimit`), each layer alone, and the full stack as
+/// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
+/// → cancel).
+macro_rules! each_case {
+    ($visit:expr, $handler:expr) => {{
+        use acemq_layers::{
+            CancelLayer, DeadLetterLayer, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer,
+            RetryLayer,
+        };
+        use tokio_util::sync::CancellationToken;
+        use tower::limit::ConcurrencyLimitLayer;
+        use tower::ServiceBuilder;
+        use $crate::cases::YARDSTICK_PERMITS;
+        use $crate::success_path::{policy, NoopPublish};
+        let v = $visit;
+        v.case("bare", tower::service_fn($handler));
+        v.case(
+            "yardstick",
+            ServiceBuilder::new()
+                .layer(ConcurrencyLimitLayer::new(YARDSTICK_PERMITS))
+                .service_fn($handler),
+        );
+        v.case(
+            "in_flight",
+            ServiceBuilder::new()
+                .layer(InFlightLayer::new(InFlightCounter::new()))
+                .service_fn($handler),
+        );
+        v.case(
+            "pause_open",
+            ServiceBuilder::new()
+                .layer(PauseLayer::new(PauseHandle::new()))
+                .service_fn($handler),
+        );
+        v.case(
+            "cancel",
+            ServiceBuilder::new()
+                .layer(CancelLayer::new(CancellationToken::new()))
+                .service_fn($handler),
+        );
+        v.case(
+            "retry",
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(
+                    policy(),
+                    NoopPublish,
+                    CancellationToken::new(),
+                ))
+                .service_fn($handler),
+        );
+        v.case(
+            "dead_letter",
+            ServiceBuilder::new()
+                .layer(DeadLetterLayer::new(NoopPublish))
+                .service_fn($handler),
+        );
+        v.case(
+            "full_stack",
+            ServiceBuilder::new()
+                .layer(PauseLayer::new(PauseHandle::new()))
+                .layer(InFlightLayer::new(InFlightCounter::new()))
+                .layer(DeadLetterLayer::new(NoopPublish))
+                .layer(RetryLayer::new(
+                    policy(),
+                    NoopPublish,
+                    CancellationToken::new(),
+                ))
+                .layer(CancelLayer::new(CancellationToken::new()))
+                .service_fn($handler),
+        );
+    }};
+}
+
+/// Every case of the `per_delivery` group (the handler returns at once).
+pub(crate) fn per_delivery(v: &mut impl Visit) {
+    each_case!(v, handle);
+}
+
+/// Every case of the `concurrent_8_tasks` group (the handler yields once).
+pub(crate) fn concurrent_8_tasks(v: &mut impl Visit) {
+    each_case!(v, handle_yielding);
+}
+
+/// Times (thread CPU) `iters` deliveries through `svc`, one after another.
+pub(crate) fn time_sequential<S>(rt: &Runtime, svc: &mut S, d: &Delivery, iters: u64) -> Duration
+where
+    S: Service<Delivery>,
+    S::Error: Debug,
+{
+    rt.block_on(async {
+        let start = thread_cpu();
+        for _ in 0..iters {
+            let r = svc.ready().await.unwrap().call(d.clone()).await;
+            let _ = black_box(r);
+        }
+        thread_cpu() - start
+    })
+}
+
+/// Tasks of the concurrent group.
+pub(crate) const TASKS: u64 = 8;
+
+/// Times (thread CPU) `iters` deliveries through `svc`, spread over 8
+/// spawned tasks (a clone each).
+pub(crate) fn time_concurrent<S>(rt: &Runtime, svc: &S, d: &Delivery, iters: u64) -> Duration
+where
+    S: Service<Delivery> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Debug,
+{
+    let per = iters.div_ceil(TASKS);
+    let tasks: Vec<_> = (0..TASKS).map(|_| (svc.clone(), d.clone())).collect();
+    let elapsed = rt.block_on(async move {
+        let start = thread_cpu();
+        let handles: Vec<_> = tasks
+            .into_iter()
+            .map(|(mut svc, d)| {
+                tokio::spawn(async move {
+                    for _ in 0..per {
+                        let r = svc.ready().await.unwrap().call(d.clone()).await;
+                        let _ = black_box(r);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        thread_cpu() - start
+    });
+    // Scale back to exactly `iters` deliveries.
+    elapsed.mul_f64(iters as f64 / (per * TASKS) as f64)
+}
