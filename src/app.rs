@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use tower::{Service, ServiceBuilder};
 use tracing::{error, info, warn};
 
-use crate::config::{Config, QueueConfig};
+use crate::config::{Config, ConfigError, QueueConfig};
 use crate::connection::{amqp_addr_from_env, connect, redact, ConnectError};
 use crate::consumer::{ConsumerLoop, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link, QueueHandle};
@@ -54,9 +54,10 @@ type Starter = Box<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
-    /// The config is invalid, or names a queue that has no handler (or the reverse).
-    #[error("{0}")]
-    Config(String),
+    /// The config is invalid, or names a queue that has no handler (or the
+    /// reverse); [`ConfigError::field`] names the offending field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The broker could not be reached.
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -208,24 +209,8 @@ impl App {
             starters,
             health,
         } = self;
-        config
-            .validate()
-            .map_err(|e| StartError::Config(e.to_string()))?;
-        for (q, _) in &starters {
-            if config.queue(q).is_none() {
-                return Err(StartError::Config(format!(
-                    "a handler was given for queue {q:?}, which the config does not name: add it under `queues:` or fix the name"
-                )));
-            }
-        }
-        for q in &config.queues {
-            if !starters.iter().any(|(n, _)| n == &q.name) {
-                return Err(StartError::Config(format!(
-                    "queues: {:?} has no handler: call App::consume({:?}, handler) or remove it from the config",
-                    q.name, q.name
-                )));
-            }
-        }
+        config.validate()?;
+        config.check_handlers(starters.iter().map(|(q, _)| q.as_str()))?;
         if let Some(w) = config.host_deadline_warning() {
             warn!("{w}");
         }

@@ -58,6 +58,7 @@ const MAX_TTL_MS: u128 = u32::MAX as u128;
 /// building a config in code.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// The one deadline for the whole drain, all consumers together (default
     /// 20 s). Must not be zero, and with `abandon_after` should fit inside
@@ -126,6 +127,7 @@ impl QueueType {
 /// One queue to consume, and what its failures do.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct QueueConfig {
     /// The queue's name in RabbitMQ (required; not empty, no whitespace or
     /// control characters, not starting with `amq.`).
@@ -154,6 +156,7 @@ pub struct QueueConfig {
 /// `n + 1` after `min(initial_delay · 2^(n-1), max_delay)`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RetriesConfig {
     /// Attempts in all, the first included (required; at least 1; 1 means no
     /// retry).
@@ -309,6 +312,25 @@ impl Config {
     pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default `connect_timeout`: 10 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// The defaults with these queues, a starting point for a config built in
+    /// code (the struct is `#[non_exhaustive]`: set the other fields on the
+    /// value this returns, then call [`Config::validate`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use acemq::config::{Config, QueueConfig};
+    ///
+    /// let mut config = Config::new([QueueConfig::new("shop.orders")]);
+    /// config.shutdown_timeout = Duration::from_secs(10);
+    /// config.validate().unwrap();
+    /// ```
+    pub fn new(queues: impl IntoIterator<Item = QueueConfig>) -> Self {
+        Config {
+            queues: queues.into_iter().collect(),
+            ..Config::default()
+        }
+    }
 
     /// Reads, parses and validates a config file, choosing the format by its
     /// extension: `.yaml`/`.yml`, `.toml` or `.json`.
@@ -569,6 +591,22 @@ impl QueueConfig {
 impl RetriesConfig {
     /// The default `broker_wait_threshold`: 30 s.
     pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
+
+    /// A schedule of `max_attempts` in all, `initial_delay` doubling up to
+    /// `max_delay`, with the other fields at their defaults
+    /// (`broker_wait_threshold` 30 s, no jitter, panics not retried). The
+    /// struct is `#[non_exhaustive]`: set the other fields on the value this
+    /// returns.
+    pub fn new(max_attempts: u32, initial_delay: Duration, max_delay: Duration) -> Self {
+        RetriesConfig {
+            max_attempts,
+            initial_delay,
+            max_delay,
+            broker_wait_threshold: RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD,
+            jitter: false,
+            retry_panics: false,
+        }
+    }
 
     fn default_broker_wait_threshold() -> Duration {
         RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD

@@ -34,13 +34,13 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[path = "support/success_path.rs"]
 mod success_path;
-use success_path::{handle, policy, NoopPublish};
+use success_path::{handle, handle_decision, policy, NoopPublish};
 
 /// The same, yielding once to the runtime first (used by the 8-task group).
-async fn handle_yielding(d: Delivery) -> Result<Decision, BoxError> {
+async fn handle_yielding(d: Delivery) -> Result<(), BoxError> {
     tokio::task::yield_now().await;
     black_box(d.body().len());
-    Ok(Decision::Ack)
+    Ok(())
 }
 
 fn delivery() -> Delivery {
@@ -135,17 +135,17 @@ fn per_layer(c: &mut Criterion) {
     let d = delivery();
     let mut g = c.benchmark_group("per_delivery");
 
-    let bare = tower::service_fn(handle);
+    let bare = tower::service_fn(handle_decision);
     g.bench_function("bare", |b| sequential(b, &rt, &bare, &d));
 
     let in_flight = ServiceBuilder::new()
         .layer(InFlightLayer::new(InFlightCounter::new()))
-        .service_fn(handle);
+        .service_fn(handle_decision);
     g.bench_function("in_flight", |b| sequential(b, &rt, &in_flight, &d));
 
     let pause = ServiceBuilder::new()
         .layer(PauseLayer::new(PauseHandle::new()))
-        .service_fn(handle);
+        .service_fn(handle_decision);
     g.bench_function("pause_open", |b| sequential(b, &rt, &pause, &d));
 
     let cancel = ServiceBuilder::new()
@@ -159,12 +159,12 @@ fn per_layer(c: &mut Criterion) {
             NoopPublish,
             CancellationToken::new(),
         ))
-        .service_fn(handle);
+        .service_fn(handle_decision);
     g.bench_function("retry", |b| sequential(b, &rt, &retry, &d));
 
     let dead_letter = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(NoopPublish))
-        .service_fn(handle);
+        .service_fn(handle_decision);
     g.bench_function("dead_letter", |b| sequential(b, &rt, &dead_letter, &d));
 
     let full = full_stack!(handle);

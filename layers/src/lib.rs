@@ -65,8 +65,10 @@ mod delivery;
 mod error;
 pub mod headers;
 pub mod in_flight;
+pub mod outcome;
 pub mod pause;
 mod publish;
+pub mod redelivery;
 pub mod retry;
 
 pub use cancel::{Cancel, CancelLayer};
@@ -76,10 +78,12 @@ pub use delivery::{
     parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT,
 };
 pub use error::{
-    display_chain, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
+    display_chain, is_timeout, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
 };
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use outcome::{IntoOutcome, Outcome};
 pub use pause::{Pause, PauseHandle, PauseLayer};
+pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

@@ -23,7 +23,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[path = "../benches/support/success_path.rs"]
 mod success_path;
-use success_path::{handle, policy, NoopPublish};
+use success_path::{handle, handle_decision, policy, NoopPublish};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -60,17 +60,17 @@ where
 
 #[tokio::test(flavor = "current_thread")]
 async fn each_layer_allocates_no_more_than_measured_on_the_success_path() {
-    let bare = allocations_per_delivery(tower::service_fn(handle)).await;
+    let bare = allocations_per_delivery(tower::service_fn(handle_decision)).await;
     let in_flight = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(InFlightLayer::new(InFlightCounter::new()))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let pause = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(PauseLayer::new(PauseHandle::new()))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let cancel = allocations_per_delivery(
@@ -86,13 +86,13 @@ async fn each_layer_allocates_no_more_than_measured_on_the_success_path() {
                 NoopPublish,
                 CancellationToken::new(),
             ))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let dead_letter = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(DeadLetterLayer::new(NoopPublish))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let full = allocations_per_delivery(

@@ -87,14 +87,10 @@ async fn the_designs_yaml_loads_and_starts_a_consumer_on_the_broker() {
 fn with_retries(name: &str) -> QueueConfig {
     let mut q = QueueConfig::new(name);
     q.dead_letter = true;
-    q.retries = Some(RetriesConfig {
-        max_attempts: 3,
-        initial_delay: Duration::from_millis(200),
-        max_delay: Duration::from_millis(800),
-        broker_wait_threshold: Duration::from_millis(400),
-        jitter: false,
-        retry_panics: false,
-    });
+    let mut retries =
+        RetriesConfig::new(3, Duration::from_millis(200), Duration::from_millis(800));
+    retries.broker_wait_threshold = Duration::from_millis(400);
+    q.retries = Some(retries);
     q
 }
 
@@ -140,10 +136,7 @@ async fn every_invalid_config_fails_the_start_with_a_config_error_naming_the_fie
         let mut queues = vec![with_retries(&q)];
         edit(&mut queues);
         let name = queues[0].name.clone();
-        let config = Config {
-            queues,
-            ..Config::default()
-        };
+        let config = Config::new(queues);
         let calls = Arc::new(AtomicUsize::new(0));
         let err = App::new(config)
             .consume(&name, counting(calls))

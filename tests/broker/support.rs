@@ -219,19 +219,12 @@ pub fn retry_config(
 ) -> acemq::Config {
     let mut q = acemq::config::QueueConfig::new(name);
     q.dead_letter = true;
-    q.retries = Some(acemq::config::RetriesConfig {
-        max_attempts,
-        initial_delay: initial,
-        max_delay: max,
-        broker_wait_threshold: threshold,
-        jitter: false,
-        retry_panics: false,
-    });
-    acemq::Config {
-        shutdown_timeout: Duration::from_secs(10),
-        queues: vec![q],
-        ..acemq::Config::default()
-    }
+    let mut retries = acemq::config::RetriesConfig::new(max_attempts, initial, max);
+    retries.broker_wait_threshold = threshold;
+    q.retries = Some(retries);
+    let mut config = acemq::Config::new([q]);
+    config.shutdown_timeout = Duration::from_secs(10);
+    config
 }
 
 /// The ladder most broker tests use: `name` with dead-lettering on and 4
@@ -249,10 +242,7 @@ pub fn ladder_config(name: &str) -> acemq::Config {
 
 /// A config with the one queue `name`, everything else as the defaults.
 pub fn plain_config(name: &str) -> acemq::Config {
-    acemq::Config {
-        queues: vec![acemq::config::QueueConfig::new(name)],
-        ..acemq::Config::default()
-    }
+    acemq::Config::new([acemq::config::QueueConfig::new(name)])
 }
 
 /// What the test handlers are: a `Service<Delivery>` that `App::consume`

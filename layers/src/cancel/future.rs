@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{BoxError, Decision};
-use crate::HandlerPanic;
+use crate::{HandlerPanic, IntoOutcome};
 
 pin_project! {
     /// Response future of [`Cancel`](super::Cancel): the handler's future,
@@ -31,6 +31,7 @@ pin_project! {
         watch: Watch,
         child: CancellationToken,
         abandon_after: Duration,
+        attempt: u32,
     }
 }
 
@@ -67,12 +68,18 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, child: CancellationToken, abandon_after: Duration) -> Self {
+    pub(crate) fn new(
+        fut: F,
+        child: CancellationToken,
+        abandon_after: Duration,
+        attempt: u32,
+    ) -> Self {
         ResponseFuture {
             handler: Handler::Running { fut },
             watch: Watch::Idle,
             child,
             abandon_after,
+            attempt,
         }
     }
 
@@ -88,6 +95,7 @@ impl<F> ResponseFuture<F> {
             watch: Watch::Idle,
             child,
             abandon_after,
+            attempt: 1,
         }
     }
 }
@@ -95,6 +103,7 @@ impl<F> ResponseFuture<F> {
 impl<F, R, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<R, E>>,
+    R: IntoOutcome,
     E: Into<BoxError>,
 {
     type Output = Result<Decision, BoxError>;
@@ -118,7 +127,7 @@ where
             Ok(Poll::Ready(result)) => {
                 this.handler.set(Handler::Done);
                 return Poll::Ready(match result {
-                    Ok(_) => Ok(Decision::Ack),
+                    Ok(r) => Ok(r.into_outcome().into_decision(*this.attempt)),
                     // Stopped because it was told to: not a failure.
                     Err(_) if this.child.is_cancelled() => Ok(Decision::HandBack),
                     Err(e) => Err(e.into()),

@@ -9,6 +9,7 @@ use tower::Service;
 
 use super::future::ResponseFuture;
 use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
+use crate::IntoOutcome;
 
 /// Runs `S` with a child token per request, a caught panic and abandonment;
 /// see the [module docs](super).
@@ -74,6 +75,7 @@ impl<S> Cancel<S> {
 impl<S, R, E> Service<Delivery> for Cancel<S>
 where
     S: Service<Delivery, Response = R, Error = E>,
+    R: IntoOutcome,
     E: Into<BoxError>,
 {
     type Response = Decision;
@@ -86,10 +88,11 @@ where
 
     fn call(&mut self, mut req: Delivery) -> Self::Future {
         let child = self.root.child_token();
+        let attempt = req.attempt();
         req.set_token(child.clone());
         // A handler may panic before it returns its future, too.
         match panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(fut) => ResponseFuture::new(fut, child, self.abandon_after),
+            Ok(fut) => ResponseFuture::new(fut, child, self.abandon_after, attempt),
             Err(payload) => ResponseFuture::panicked(&*payload, child, self.abandon_after),
         }
     }
