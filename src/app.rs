@@ -75,12 +75,15 @@ pub enum StartError {
 }
 
 impl StartError {
-    /// The exit code for this failure (78 config, 69 broker unreachable).
+    /// The exit code for this failure (78 config — including an address
+    /// that is not an `amqp://` URL — 69 broker unreachable).
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartError::Config(_) | StartError::Topology(TopologyError::Conflict { .. }) => {
-                EXIT_CONFIG
-            }
+            StartError::Config(_)
+            | StartError::Connect(ConnectError::BadAddress { .. })
+            | StartError::Topology(
+                TopologyError::Conflict { .. } | TopologyError::ExchangeConflict { .. },
+            ) => EXIT_CONFIG,
             _ => EXIT_UNAVAILABLE,
         }
     }
@@ -160,7 +163,7 @@ impl App {
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
-        H::Response: Send + 'static,
+        H::Response: acemq_layers::IntoOutcome + Send + 'static,
     {
         // The stack is built again for each connection (after a reconnect);
         // the mutex only makes the starter `Sync` without asking it of `H`.
@@ -173,6 +176,7 @@ impl App {
                 .layer(PauseLayer::new(ctx.gate.clone()))
                 .layer(InFlightLayer::new(sh.health.in_flight().clone()))
                 .layer(DeadLetterLayer::new(sh.publisher.clone()).enabled(q.dead_letter))
+                .layer(acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries))
                 .layer(RetryLayer::new(
                     q.policy(),
                     sh.publisher.clone(),
@@ -211,13 +215,18 @@ impl App {
         } = self;
         config.validate()?;
         config.check_handlers(starters.iter().map(|(q, _)| q.as_str()))?;
+        // A queue with `consume: false` is declared (the topology is built
+        // from `declared`) and not consumed.
+        let declared = config.clone();
+        let mut config = config;
+        config.queues.retain(|q| q.consume);
         if let Some(w) = config.host_deadline_warning() {
             warn!("{w}");
         }
         let addr = addr.unwrap_or_else(amqp_addr_from_env);
         info!(broker = %redact(&addr), "connecting");
         let connection = Arc::new(connect(&addr, &name, config.connect_timeout).await?);
-        let topology = Topology::from_config(&config);
+        let topology = Topology::from_config(&declared);
         if let Err(e) = topology.declare(&connection).await {
             let _ = connection.close(200, "OK".into()).await;
             return Err(e.into());

@@ -45,6 +45,9 @@ use std::time::Duration;
 use acemq_layers::{rung_name, RetryPolicy};
 use serde::Deserialize;
 
+mod routing;
+pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
+
 /// The longest queue name RabbitMQ accepts, in bytes (an AMQP short string).
 const MAX_QUEUE_NAME_BYTES: usize = 255;
 
@@ -84,6 +87,11 @@ pub struct Config {
     /// The queues to consume, started in this order (no default: at least
     /// one is required).
     pub queues: Vec<QueueConfig>,
+
+    // -- routing: see `config/routing.rs` --
+    /// Exchanges to declare before the queues are bound to them (default
+    /// none). See [`ExchangeConfig`].
+    pub exchanges: Vec<ExchangeConfig>,
 }
 
 /// What a drain does with deliveries buffered in the channel that no handler
@@ -150,6 +158,40 @@ pub struct QueueConfig {
     /// The retry schedule (default none: one attempt, no retry).
     #[serde(default)]
     pub retries: Option<RetriesConfig>,
+
+    // -- routing and the redelivery bound: see `config/routing.rs` --
+    /// Consume the queue (default true). `false`: the queue (and its
+    /// dead-letter queue, rungs and bindings) is declared, and nothing
+    /// consumes it here — a queue this process only publishes to. It then
+    /// takes no handler.
+    #[serde(default = "QueueConfig::default_consume")]
+    pub consume: bool,
+    /// Declare nothing for the queue: it is declared elsewhere (by an
+    /// operator, another service) and acemq only checks that it exists — and
+    /// that its `.dlq` and rungs do, when `dead_letter` and `retries` ask for
+    /// them — failing the start with an error naming it if not (default
+    /// false). A passive queue takes no `arguments` and no `bindings`.
+    #[serde(default)]
+    pub passive: bool,
+    /// Further arguments of the queue's declaration, passed through as they
+    /// are (default none): `x-max-length`, `x-single-active-consumer`,
+    /// `x-max-priority`, … They must match an existing queue's. acemq sets
+    /// `x-queue-type` (from `type`) and, with `dead_letter`, the
+    /// `x-dead-letter-*` arguments itself; those are rejected here. Only the
+    /// queue itself takes them, not its `.dlq` or rungs.
+    #[serde(default)]
+    pub arguments: Arguments,
+    /// Bindings of the queue to exchanges (default none: the queue is
+    /// reached through the default exchange by its name, as always).
+    #[serde(default)]
+    pub bindings: Vec<BindingConfig>,
+    /// The most times the broker may redeliver a message before it is
+    /// dead-lettered with reason `redelivered`, without calling the handler
+    /// (default 50; at least 1). Read from the `x-delivery-count` header,
+    /// which only quorum queues set; see
+    /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
+    #[serde(default = "QueueConfig::default_max_redeliveries")]
+    pub max_redeliveries: u32,
 }
 
 /// A queue's retry schedule: attempt `n` that fails is followed by attempt
@@ -299,6 +341,7 @@ impl Default for Config {
             connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             prefetch_policy: PrefetchPolicy::HandBack,
             queues: Vec::new(),
+            exchanges: Vec::new(),
         }
     }
 }
@@ -427,6 +470,7 @@ impl Config {
             }
             queue.validate_at(i)?;
         }
+        self.validate_routing()?;
         Ok(())
     }
 
@@ -480,7 +524,23 @@ impl QueueConfig {
             concurrency: QueueConfig::DEFAULT_CONCURRENCY,
             dead_letter: false,
             retries: None,
+            consume: true,
+            passive: false,
+            arguments: Arguments::new(),
+            bindings: Vec::new(),
+            max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
         }
+    }
+
+    /// The default `max_redeliveries`: 50.
+    pub const DEFAULT_MAX_REDELIVERIES: u32 = acemq_layers::DEFAULT_MAX_REDELIVERIES;
+
+    fn default_consume() -> bool {
+        true
+    }
+
+    fn default_max_redeliveries() -> u32 {
+        QueueConfig::DEFAULT_MAX_REDELIVERIES
     }
 
     fn default_prefetch() -> u16 {
@@ -614,14 +674,12 @@ impl RetriesConfig {
 
     /// The retry schedule this describes.
     pub fn policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: self.max_attempts,
-            initial_delay: self.initial_delay,
-            max_delay: self.max_delay,
-            broker_wait_threshold: self.broker_wait_threshold,
-            jitter: self.jitter,
-            retry_panics: self.retry_panics,
-        }
+        let mut policy =
+            RetryPolicy::exponential(self.max_attempts, self.initial_delay, self.max_delay);
+        policy.broker_wait_threshold = self.broker_wait_threshold;
+        policy.jitter = self.jitter;
+        policy.retry_panics = self.retry_panics;
+        policy
     }
 
     fn validate_at(&self, i: usize) -> Result<(), ConfigError> {
