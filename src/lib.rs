@@ -19,7 +19,9 @@ pub mod publisher;
 pub mod topology;
 
 pub use acemq_layers as layers;
-pub use acemq_layers::{BoxError, Decision, Delivery, Headers, Reason, Reject, Value};
+pub use acemq_layers::{
+    BoxError, Decision, Delivery, Headers, IntoOutcome, Outcome, Reason, Reject, Value,
+};
 pub use app::{App, Running, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};

@@ -144,9 +144,11 @@ async fn every_invalid_config_fails_the_start_with_a_config_error_naming_the_fie
             .await
             .expect_err(case);
         assert_eq!(err.exit_code(), 78, "{case}: EX_CONFIG: {err}");
-        let StartError::Config(message) = &err else {
+        let StartError::Config(config_err) = &err else {
             panic!("{case}: expected a config error, got {err:?}");
         };
+        assert_eq!(config_err.field(), Some(field), "{case}: the typed error keeps the field");
+        let message = config_err.to_string();
         assert!(message.contains(field), "{case}: names {field}: {message}");
         assert!(message.starts_with("invalid config: "), "{case}: {message}");
         // Rejected before anything was declared.
@@ -170,9 +172,10 @@ async fn a_handler_for_a_queue_the_config_does_not_name_is_a_config_error() {
         .await
         .expect_err("an unknown queue is refused");
     assert_eq!(err.exit_code(), 78, "{err}");
-    let StartError::Config(message) = &err else {
+    let StartError::Config(config_err) = &err else {
         panic!("expected a config error, got {err:?}");
     };
+    let message = config_err.to_string();
     assert!(message.contains(&stranger), "names the queue: {message}");
     assert_eq!(broker.ready(&q).await, None, "nothing declared");
     assert_eq!(broker.ready(&stranger).await, None, "nothing declared");
@@ -193,9 +196,10 @@ async fn a_queue_in_the_config_without_a_handler_is_a_config_error() {
         .await
         .expect_err("a queue with no handler is refused");
     assert_eq!(err.exit_code(), 78, "{err}");
-    let StartError::Config(message) = &err else {
+    let StartError::Config(config_err) = &err else {
         panic!("expected a config error, got {err:?}");
     };
+    let message = config_err.to_string();
     assert!(message.contains(&orphan), "names the queue: {message}");
     assert_eq!(broker.ready(&q).await, None, "nothing declared");
     broker.delete(&[q, orphan]).await;

@@ -13,6 +13,7 @@ mod process;
 mod proxy;
 mod reliability;
 mod retry;
+mod routing;
 mod round_trip;
 mod soak;
 mod topology;
