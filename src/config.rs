@@ -7,8 +7,11 @@
 //! [`Config::validate`], so a `Config` obtained from one is usable as is.
 //!
 //! Durations are a number of seconds (`10`, `0.5`) or a string with a unit
-//! (`"400ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`). Unknown keys are an error
-//! naming the key, so a typo is not silently ignored.
+//! (`"400ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`). Spaces around the number
+//! and the unit are allowed, so `"300 ms"` is 300 milliseconds (deliberately:
+//! it is what a human writes and means one thing); any other unit or text is
+//! an error naming the key and the forms. Unknown keys are an error naming
+//! the key, so a typo is not silently ignored.
 //!
 //! ```
 //! use std::time::Duration;
@@ -781,8 +784,8 @@ pub mod duration {
     }
 
     /// Parses `"10"` (seconds), `"0.5"`, `"400ms"`, `"10s"`, `"1.5s"`, `"2m"`
-    /// or `"1h"`. Whitespace around the number and unit is ignored. The
-    /// error is a message for a human.
+    /// or `"1h"`. Whitespace around the number and unit is ignored, so
+    /// `"300 ms"` is accepted as 300 ms. The error is a message for a human.
     pub fn parse(text: &str) -> Result<Duration, String> {
         let text = text.trim();
         let split = text
@@ -1028,6 +1031,9 @@ retries = { max_attempts = 5, initial_delay = 10, max_delay = 300, broker_wait_t
             ("\"1h\"", Duration::from_secs(3600)),
             ("\"10\"", Duration::from_secs(10)),
             ("\" 10 s \"", Duration::from_secs(10)),
+            // A space between the number and the unit: accepted, documented.
+            ("\"300 ms\"", Duration::from_millis(300)),
+            ("300 ms", Duration::from_millis(300)),
         ];
         for (text, want) in cases {
             let config = Config::from_yaml_str(&format!(

@@ -320,3 +320,137 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(yaml: &str) -> (String, String) {
+        let err = Config::from_yaml_str(yaml).expect_err("rejected");
+        (err.field().unwrap_or("").to_owned(), err.to_string())
+    }
+
+    #[test]
+    fn exchanges_bindings_and_arguments_load_from_yaml_toml_and_json_alike() {
+        let yaml = Config::from_yaml_str(
+            "exchanges: [{ name: shop, type: topic, durable: false }]\n\
+             queues:\n  - name: q\n    bindings: [{ exchange: shop, routing_keys: [a.*, b.#] }]\n\
+             \x20   arguments: { x-max-length: 10, x-single-active-consumer: true, x-overflow: reject-publish }\n",
+        )
+        .unwrap();
+        let toml = Config::from_toml_str(
+            "[[exchanges]]\nname = \"shop\"\ntype = \"topic\"\ndurable = false\n\
+             [[queues]]\nname = \"q\"\nbindings = [{ exchange = \"shop\", routing_keys = [\"a.*\", \"b.#\"] }]\n\
+             arguments = { x-max-length = 10, x-single-active-consumer = true, x-overflow = \"reject-publish\" }\n",
+        )
+        .unwrap();
+        let json = Config::from_json_str(
+            r#"{"exchanges":[{"name":"shop","type":"topic","durable":false}],
+                "queues":[{"name":"q","bindings":[{"exchange":"shop","routing_keys":["a.*","b.#"]}],
+                "arguments":{"x-max-length":10,"x-single-active-consumer":true,"x-overflow":"reject-publish"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(yaml, toml);
+        assert_eq!(yaml, json);
+        let q = &yaml.queues[0];
+        assert_eq!(q.arguments["x-max-length"], ArgValue::Int(10));
+        assert_eq!(q.arguments["x-single-active-consumer"], ArgValue::Bool(true));
+        assert_eq!(q.bindings[0].routing_keys, ["a.*", "b.#"]);
+        assert!(!yaml.exchanges[0].durable);
+        assert!(q.consume && !q.passive);
+        assert_eq!(q.max_redeliveries, 50);
+    }
+
+    #[test]
+    fn a_binding_to_an_exchange_the_config_does_not_declare_is_rejected_unless_it_is_amq() {
+        let (field, message) =
+            invalid("queues: [{ name: q, bindings: [{ exchange: shop, routing_keys: [a] }] }]");
+        assert_eq!(field, "queues[0].bindings[0].exchange");
+        assert!(message.contains("declare it under exchanges:"), "{message}");
+        Config::from_yaml_str(
+            "queues: [{ name: q, bindings: [{ exchange: amq.topic, routing_keys: [a] }] }]",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_topic_binding_without_keys_and_a_headers_binding_without_arguments_are_rejected() {
+        let (field, _) = invalid(
+            "exchanges: [{ name: x, type: topic }]\nqueues: [{ name: q, bindings: [{ exchange: x }] }]",
+        );
+        assert_eq!(field, "queues[0].bindings[0].routing_keys");
+        let (field, message) = invalid(
+            "exchanges: [{ name: x, type: headers }]\nqueues: [{ name: q, bindings: [{ exchange: x }] }]",
+        );
+        assert_eq!(field, "queues[0].bindings[0].arguments");
+        assert!(message.contains("x-match"), "{message}");
+        Config::from_yaml_str(
+            "exchanges: [{ name: x, type: fanout }]\nqueues: [{ name: q, bindings: [{ exchange: x }] }]",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn arguments_acemq_sets_itself_are_rejected_naming_the_key_that_sets_them() {
+        let (field, message) =
+            invalid("queues: [{ name: q, arguments: { x-queue-type: quorum } }]");
+        assert_eq!(field, "queues[0].arguments.x-queue-type");
+        assert!(message.contains("type"), "{message}");
+        let (field, _) = invalid(
+            "queues: [{ name: q, dead_letter: true, arguments: { x-dead-letter-exchange: other } }]",
+        );
+        assert_eq!(field, "queues[0].arguments.x-dead-letter-exchange");
+        // Without dead_letter the queue's own dead-lettering is the user's.
+        Config::from_yaml_str("queues: [{ name: q, arguments: { x-dead-letter-exchange: other } }]")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_passive_queue_with_bindings_or_arguments_and_a_zero_redelivery_bound_are_rejected() {
+        let (field, _) =
+            invalid("queues: [{ name: q, passive: true, arguments: { x-max-length: 1 } }]");
+        assert_eq!(field, "queues[0].arguments");
+        let (field, _) = invalid("queues: [{ name: q, max_redeliveries: 0 }]");
+        assert_eq!(field, "queues[0].max_redeliveries");
+    }
+
+    #[test]
+    fn exchanges_named_amq_empty_or_twice_are_rejected() {
+        assert_eq!(
+            invalid("exchanges: [{ name: amq.topic, type: topic }]\nqueues: [{ name: q }]").0,
+            "exchanges[0].name"
+        );
+        assert_eq!(
+            invalid("exchanges: [{ name: \"\", type: topic }]\nqueues: [{ name: q }]").0,
+            "exchanges[0].name"
+        );
+        assert_eq!(
+            invalid(
+                "exchanges: [{ name: x, type: topic }, { name: x, type: fanout }]\nqueues: [{ name: q }]"
+            )
+            .0,
+            "exchanges[1].name"
+        );
+        let unknown_type = Config::from_yaml_str(
+            "exchanges: [{ name: x, type: x-delayed-message }]\nqueues: [{ name: q }]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(unknown_type.contains("direct"), "{unknown_type}");
+    }
+
+    #[test]
+    fn handlers_must_match_the_queues_that_are_consumed() {
+        let config = Config::from_yaml_str(
+            "queues: [{ name: a }, { name: b, consume: false }]",
+        )
+        .unwrap();
+        config.check_handlers(["a"]).unwrap();
+        let none = config.check_handlers([]).unwrap_err();
+        assert_eq!(none.field(), Some("queues[0].name"));
+        let extra = config.check_handlers(["a", "b"]).unwrap_err();
+        assert_eq!(extra.field(), Some("queues[1].consume"));
+        let stranger = config.check_handlers(["a", "c"]).unwrap_err();
+        assert!(stranger.to_string().contains("\"c\""), "{stranger}");
+    }
+}
