@@ -16,6 +16,7 @@ pub mod convert;
 pub mod drain;
 pub mod health;
 pub mod publisher;
+pub mod replay;
 pub mod topology;
 
 pub use acemq_layers as layers;

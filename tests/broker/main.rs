@@ -12,6 +12,7 @@ mod drain;
 mod process;
 mod proxy;
 mod reliability;
+mod replay;
 mod retry;
 mod routing;
 mod round_trip;
