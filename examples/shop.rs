@@ -9,8 +9,15 @@
 //! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]
 //! ```
 //!
-//! `--queue NAME` consumes (and seeds) `NAME` instead of `shop.orders`; the
-//! config file must name that queue.
+//! With no `--queue`, the shop consumes every queue its config names (except
+//! those with `consume: false`), all with the same handler and one drain
+//! deadline. `--queue NAME` (it may repeat) consumes only the queues named
+//! (the config file must name each; its other queues are declared, not
+//! consumed). The demo batch is seeded into the first
+//! queue consumed.
+//!
+//! The connection is named `acemq-shop@HOST:PID`, so an operator can tell
+//! instances apart in `rabbitmqctl list_connections client_properties`.
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! An order is a JSON body:
@@ -34,8 +41,11 @@ use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-/// The queue consumed unless `--queue` names another.
-const QUEUE: &str = "shop.orders";
+/// How often the Prometheus recorder's upkeep runs (histograms drained, so
+/// memory stays flat when `/metrics` is never scraped).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+const USAGE: &str = "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]...";
 
 /// One order, as published to `shop.orders`.
 #[derive(Debug, Deserialize)]
@@ -168,7 +178,8 @@ fn demo_batch() -> Vec<(String, Vec<u8>)> {
 
 struct Args {
     config: String,
-    queue: String,
+    /// The queues named by `--queue`; empty: every queue the config consumes.
+    queues: Vec<String>,
     seed: bool,
     http: Option<SocketAddr>,
 }
@@ -176,7 +187,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         config: "examples/shop.yaml".to_owned(),
-        queue: QUEUE.to_owned(),
+        queues: Vec::new(),
         seed: true,
         http: None,
     };
@@ -185,7 +196,9 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--config" => args.config = it.next().ok_or("--config needs a file")?,
             "--no-seed" => args.seed = false,
-            "--queue" => args.queue = it.next().ok_or("--queue needs a queue name")?,
+            "--queue" => args
+                .queues
+                .push(it.next().ok_or("--queue needs a queue name")?),
             "--http" => {
                 let v = it
                     .next()
@@ -193,17 +206,24 @@ fn parse_args() -> Result<Args, String> {
                 args.http = Some(v.parse().map_err(|e| format!("--http {v}: {e}"))?);
             }
             "-h" | "--help" => {
-                println!("usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]");
+                println!("{USAGE}");
                 std::process::exit(0);
             }
-            other => {
-                return Err(format!(
-                "unknown argument {other:?}; usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]"
-            ))
-            }
+            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
     }
     Ok(args)
+}
+
+/// `acemq-shop@HOST:PID`: unique per process.
+fn connection_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("acemq-shop@{host}:{}", std::process::id())
 }
 
 async fn readyz(health: Health) -> impl IntoResponse {
@@ -244,13 +264,45 @@ async fn main() -> ExitCode {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
+    if let Some(handle) = prometheus.clone() {
+        // `install_recorder` leaves upkeep to the caller: without it the
+        // histograms grow with every message until the next scrape.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+    }
 
+    // Every queue the config consumes, unless `--queue` names some: then
+    // the others are only declared.
+    let mut config = config;
+    if !args.queues.is_empty() {
+        for q in &mut config.queues {
+            q.consume &= args.queues.contains(&q.name);
+        }
+    }
+    let queues: Vec<String> = if args.queues.is_empty() {
+        config
+            .queues
+            .iter()
+            .filter(|q| q.consume)
+            .map(|q| q.name.clone())
+            .collect()
+    } else {
+        args.queues.clone()
+    };
     let stats = Arc::new(Stats::default());
-    let handler_stats = stats.clone();
-    let app = App::new(config).connection_name("acemq-shop").consume(
-        &args.queue,
-        tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
-    );
+    let mut app = App::new(config).connection_name(connection_name());
+    for queue in &queues {
+        let handler_stats = stats.clone();
+        app = app.consume(
+            queue,
+            tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
+        );
+    }
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.
     let signals = acemq::app::Signals::install();
@@ -284,7 +336,7 @@ async fn main() -> ExitCode {
         }
     }
 
-    if args.seed {
+    if let (true, Some(first)) = (args.seed, queues.first()) {
         let publisher = running.publisher();
         let batch = demo_batch();
         let n = batch.len();
@@ -293,11 +345,11 @@ async fn main() -> ExitCode {
                 .with_message_id(id.as_str().into())
                 .with_content_type("application/json".into())
                 .with_delivery_mode(2);
-            if let Err(e) = publisher.publish("", &args.queue, &body, props).await {
+            if let Err(e) = publisher.publish("", first, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
             }
         }
-        info!(orders = n, "published the demo batch");
+        info!(orders = n, queue = %first, "published the demo batch");
     }
 
     let status_health = health.clone();

@@ -15,6 +15,7 @@ mod reliability;
 mod replay;
 mod retry;
 mod routing;
+mod shop_queues;
 mod round_trip;
 mod soak;
 mod topology;

@@ -509,7 +509,19 @@ impl ShopProcess {
     /// Writes `yaml` to a config file named after `q` and starts the shop on
     /// `q` with it; `envs` are set after `RUST_LOG` is removed.
     pub fn spawn(q: &str, yaml: &str, envs: &[(&str, &str)]) -> ShopProcess {
-        let config = std::env::temp_dir().join(format!("{q}.yaml"));
+        ShopProcess::spawn_with_args(q, yaml, &["--no-seed", "--queue", q], envs)
+    }
+
+    /// Writes `yaml` to a config file named after `tag` and starts the shop
+    /// with it, `args` and `--http`; `envs` are set after `RUST_LOG` is
+    /// removed.
+    pub fn spawn_with_args(
+        tag: &str,
+        yaml: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> ShopProcess {
+        let config = std::env::temp_dir().join(format!("{tag}.yaml"));
         std::fs::write(&config, yaml).expect("write the config");
         let http = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -518,7 +530,8 @@ impl ShopProcess {
         let mut cmd = tokio::process::Command::new(shop_binary());
         cmd.arg("--config")
             .arg(&config)
-            .args(["--no-seed", "--queue", q, "--http", &http])
+            .args(args)
+            .args(["--http", &http])
             .env_remove("RUST_LOG")
             .env("NO_COLOR", "1")
             .stdin(std::process::Stdio::null())
