@@ -36,6 +36,7 @@ struct QueueEntry {
 
 /// A point-in-time view, serialisable as JSON for `/readyz`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthSnapshot {
     /// Connected and not shutting down.
     pub ready: bool,
@@ -49,6 +50,7 @@ pub struct HealthSnapshot {
 
 /// One queue's state.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueSnapshot {
     /// Queue name.
     pub name: String,
