@@ -24,7 +24,8 @@ use acemq::replay::{replay_dead_letters, ReplayOptions};
 use acemq::Reason;
 use tracing_subscriber::EnvFilter;
 
-const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered] [--limit N]";
+const USAGE: &str =
+    "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered] [--limit N]";
 
 fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
     let mut queue = None;
@@ -34,9 +35,8 @@ fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
         match arg.as_str() {
             "--reason" => {
                 let r = it.next().ok_or("--reason needs a value")?;
-                let reason = Reason::from_header(r).ok_or_else(|| {
-                    format!("--reason {r:?} is not a reason acemq writes")
-                })?;
+                let reason = Reason::from_header(r)
+                    .ok_or_else(|| format!("--reason {r:?} is not a reason acemq writes"))?;
                 options = options.only_reason(reason);
             }
             "--limit" => {

@@ -51,8 +51,8 @@ use acemq_layers::headers::{
 };
 use acemq_layers::{Headers, Reason};
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Confirmation, Connection};
@@ -194,11 +194,7 @@ pub async fn replay_dead_letters(
     queue: &str,
     options: ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
-    let name = format!(
-        "acemq-replay@{}:{}",
-        hostname(),
-        std::process::id()
-    );
+    let name = format!("acemq-replay@{}:{}", hostname(), std::process::id());
     tracing::info!(broker = %redact(addr), queue, "connecting to replay dead letters");
     let connection = connect(addr, &name, CONNECT_TIMEOUT).await?;
     let result = replay_on(&connection, queue, options).await;

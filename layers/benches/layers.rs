@@ -24,8 +24,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightCounter, InFlightLayer,
-    PauseHandle, PauseLayer, RetryLayer,
+    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer, PauseHandle,
+    PauseLayer, RetryLayer,
 };
 use criterion::{criterion_group, criterion_main, Bencher, Criterion};
 use tokio::runtime::Runtime;

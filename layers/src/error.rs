@@ -67,7 +67,10 @@ impl Reject {
     /// type's docs).
     pub fn is_in(error: &(dyn StdError + 'static)) -> bool {
         chain(error).any(|e| {
-            e.is::<Reject>() || e.is::<Rejected>() || e.is::<Box<Reject>>() || e.is::<Box<Box<Reject>>>()
+            e.is::<Reject>()
+                || e.is::<Rejected>()
+                || e.is::<Box<Reject>>()
+                || e.is::<Box<Box<Reject>>>()
         })
     }
 }
@@ -88,7 +91,9 @@ impl StdError for Reject {
 fn chain<'a>(
     error: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
-    std::iter::successors(Some(error), |e: &&'a (dyn StdError + 'static)| (*e).source())
+    std::iter::successors(Some(error), |e: &&'a (dyn StdError + 'static)| {
+        (*e).source()
+    })
 }
 
 /// Whether `error` is a timeout from tower (`tower::timeout::error::Elapsed`,
@@ -96,9 +101,8 @@ fn chain<'a>(
 /// (`tokio::time::error::Elapsed`, what `tokio::time::timeout` fails with)
 /// anywhere in its source chain.
 pub fn is_timeout(error: &(dyn StdError + 'static)) -> bool {
-    chain(error).any(|e| {
-        e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>()
-    })
+    chain(error)
+        .any(|e| e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>())
 }
 
 /// A handler panicked; carries the panic message.

@@ -91,6 +91,6 @@ pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
 pub use outcome::{IntoOutcome, Outcome};
 pub use pause::{Pause, PauseHandle, PauseLayer};
-pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use publish::{Outgoing, Publish, PublishError};
+pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

@@ -123,8 +123,12 @@ async fn a_dead_letter_decision_is_published_with_all_five_headers_and_the_origi
         "the trace context travels with the copy"
     );
     // Where the message came from, added on this first hop.
-    assert!(h.get(acemq_layers::headers::ORIGINAL_EXCHANGE_HEADER).is_some());
-    assert!(h.get(acemq_layers::headers::ORIGINAL_ROUTING_KEY_HEADER).is_some());
+    assert!(h
+        .get(acemq_layers::headers::ORIGINAL_EXCHANGE_HEADER)
+        .is_some());
+    assert!(h
+        .get(acemq_layers::headers::ORIGINAL_ROUTING_KEY_HEADER)
+        .is_some());
     assert_eq!(h.len(), 9);
     assert_eq!(
         counters.get("acemq.dead_lettered{queue=orders,reason=max-attempts}"),

@@ -12,9 +12,9 @@ use acemq_layers::headers::{
     DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
 };
 use acemq_layers::{
-    BoxError, CancelLayer, Class, Classify, DeadLetterLayer, Decision, DefaultClassifier,
-    Delivery, Headers, Outcome, Reason, RedeliveryLimitLayer, Reject, RetryLayer, RetryPolicy,
-    RetryVia, Value, ATTEMPT_HEADER,
+    BoxError, CancelLayer, Class, Classify, DeadLetterLayer, Decision, DefaultClassifier, Delivery,
+    Headers, Outcome, Reason, RedeliveryLimitLayer, Reject, RetryLayer, RetryPolicy, RetryVia,
+    Value, ATTEMPT_HEADER,
 };
 use common::FakePublisher;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +101,9 @@ fn a_reject_is_permanent_in_every_shape_it_can_take() {
 fn errors_without_a_reject_stay_transient() {
     let plain: Vec<BoxError> = vec![
         Down.into(),
-        anyhow::Error::new(Down).context("rejected: looks like one").into(),
+        anyhow::Error::new(Down)
+            .context("rejected: looks like one")
+            .into(),
         "rejected: only the text says so".into(),
         Box::new(Down).into(),
     ];
@@ -128,17 +130,17 @@ async fn tower_elapsed() -> BoxError {
 async fn tower_and_tokio_timeouts_are_classed_as_timeouts() {
     let tower = tower_elapsed().await;
     assert_eq!(DefaultClassifier.classify(&*tower), Class::Timeout);
-    let tokio: BoxError = tokio::time::timeout(Duration::from_secs(1), std::future::pending::<()>())
-        .await
-        .unwrap_err()
-        .into();
+    let tokio: BoxError =
+        tokio::time::timeout(Duration::from_secs(1), std::future::pending::<()>())
+            .await
+            .unwrap_err()
+            .into();
     assert_eq!(DefaultClassifier.classify(&*tokio), Class::Timeout);
-    let wrapped: BoxError = anyhow::Error::new(tokio::time::timeout(
-        Duration::from_millis(1),
-        std::future::pending::<()>(),
+    let wrapped: BoxError = anyhow::Error::new(
+        tokio::time::timeout(Duration::from_millis(1), std::future::pending::<()>())
+            .await
+            .unwrap_err(),
     )
-    .await
-    .unwrap_err())
     .context("calling the warehouse")
     .into();
     assert_eq!(DefaultClassifier.classify(&*wrapped), Class::Timeout);
@@ -146,7 +148,8 @@ async fn tower_and_tokio_timeouts_are_classed_as_timeouts() {
 
 fn policy(max_attempts: u32) -> RetryPolicy {
     // Every wait in process: no rung needed.
-    let mut p = RetryPolicy::exponential(max_attempts, Duration::from_secs(1), Duration::from_secs(4));
+    let mut p =
+        RetryPolicy::exponential(max_attempts, Duration::from_secs(1), Duration::from_secs(4));
     p.broker_wait_threshold = Duration::from_secs(3600);
     p
 }
@@ -158,7 +161,11 @@ async fn a_tower_timeout_is_retried_then_dead_lettered_with_reason_timeout() {
     let counted = calls.clone();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
-        .layer(RetryLayer::new(policy(3), broker.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy(3),
+            broker.clone(),
+            CancellationToken::new(),
+        ))
         .layer(CancelLayer::new(CancellationToken::new()))
         .timeout(Duration::from_secs(2))
         .service_fn(move |_: Delivery| {
@@ -175,11 +182,21 @@ async fn a_tower_timeout_is_retried_then_dead_lettered_with_reason_timeout() {
     let Decision::DeadLetter(d) = decision else {
         panic!("{decision:?}")
     };
-    assert_eq!((d.reason, d.attempts, d.published), (Reason::Timeout, 3, true));
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "retried like a transient failure");
+    assert_eq!(
+        (d.reason, d.attempts, d.published),
+        (Reason::Timeout, 3, true)
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "retried like a transient failure"
+    );
     let copy = &broker.published()[0];
     assert_eq!(copy.queue, "q.dlq");
-    assert_eq!(copy.headers.get(REASON_HEADER).and_then(Value::as_str), Some("timeout"));
+    assert_eq!(
+        copy.headers.get(REASON_HEADER).and_then(Value::as_str),
+        Some("timeout")
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -189,7 +206,11 @@ async fn an_anyhow_reject_with_context_dead_letters_at_once_as_rejected() {
     let counted = calls.clone();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
-        .layer(RetryLayer::new(policy(5), broker.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy(5),
+            broker.clone(),
+            CancellationToken::new(),
+        ))
         .layer(CancelLayer::new(CancellationToken::new()))
         .service_fn(move |_: Delivery| {
             counted.fetch_add(1, Ordering::SeqCst);
@@ -199,7 +220,10 @@ async fn an_anyhow_reject_with_context_dead_letters_at_once_as_rejected() {
                 parsed
             }
         });
-    let decision = svc.oneshot(Delivery::builder().queue("q").build()).await.unwrap();
+    let decision = svc
+        .oneshot(Delivery::builder().queue("q").build())
+        .await
+        .unwrap();
     let Decision::DeadLetter(d) = decision else {
         panic!("{decision:?}")
     };
@@ -214,13 +238,20 @@ async fn outcome_of(outcome: Outcome) -> (Decision, FakePublisher) {
     let broker = FakePublisher::default();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
-        .layer(RetryLayer::new(policy(5), broker.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy(5),
+            broker.clone(),
+            CancellationToken::new(),
+        ))
         .layer(CancelLayer::new(CancellationToken::new()))
         .service_fn(move |_: Delivery| {
             let outcome = outcome.clone();
             async move { Ok::<_, BoxError>(outcome) }
         });
-    let decision = svc.oneshot(Delivery::builder().queue("q").build()).await.unwrap();
+    let decision = svc
+        .oneshot(Delivery::builder().queue("q").build())
+        .await
+        .unwrap();
     (decision, broker)
 }
 
@@ -261,7 +292,11 @@ async fn a_delivery_redelivered_past_the_bound_is_dead_lettered_without_calling_
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
         .layer(RedeliveryLimitLayer::new(3))
-        .layer(RetryLayer::new(policy(5), broker.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy(5),
+            broker.clone(),
+            CancellationToken::new(),
+        ))
         .layer(CancelLayer::new(CancellationToken::new()))
         .service_fn(move |_: Delivery| {
             counted.fetch_add(1, Ordering::SeqCst);
@@ -285,7 +320,10 @@ async fn a_delivery_redelivered_past_the_bound_is_dead_lettered_without_calling_
         Some("redelivered")
     );
     assert_eq!(copy.headers.get(DELIVERY_COUNT_HEADER), None, "stripped");
-    assert_eq!(copy.headers.get("x-custom").and_then(Value::as_str), Some("kept"));
+    assert_eq!(
+        copy.headers.get("x-custom").and_then(Value::as_str),
+        Some("kept")
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -311,11 +349,15 @@ async fn a_rung_copy_strips_the_delivery_count_and_keeps_where_the_message_came_
     let copy = broker.published().remove(0);
     assert_eq!(copy.headers.get(DELIVERY_COUNT_HEADER), None, "stripped");
     assert_eq!(
-        copy.headers.get(ORIGINAL_EXCHANGE_HEADER).and_then(Value::as_str),
+        copy.headers
+            .get(ORIGINAL_EXCHANGE_HEADER)
+            .and_then(Value::as_str),
         Some("shop")
     );
     assert_eq!(
-        copy.headers.get(ORIGINAL_ROUTING_KEY_HEADER).and_then(Value::as_str),
+        copy.headers
+            .get(ORIGINAL_ROUTING_KEY_HEADER)
+            .and_then(Value::as_str),
         Some("orders.eu")
     );
     // Attempt 2 comes back from the rung through the default exchange with
@@ -335,7 +377,9 @@ async fn a_rung_copy_strips_the_delivery_count_and_keeps_where_the_message_came_
     let copy = broker.published().remove(1);
     assert_eq!(copy.headers.get(ATTEMPT_HEADER), Some(&Value::I64(3)));
     assert_eq!(
-        copy.headers.get(ORIGINAL_ROUTING_KEY_HEADER).and_then(Value::as_str),
+        copy.headers
+            .get(ORIGINAL_ROUTING_KEY_HEADER)
+            .and_then(Value::as_str),
         Some("orders.eu"),
         "kept after the first hop"
     );
@@ -347,5 +391,8 @@ fn a_delivery_without_the_headers_reports_its_own_exchange_and_routing_key() {
         .exchange("shop")
         .routing_key("orders.us")
         .build();
-    assert_eq!((d.original_exchange(), d.original_routing_key()), ("shop", "orders.us"));
+    assert_eq!(
+        (d.original_exchange(), d.original_routing_key()),
+        ("shop", "orders.us")
+    );
 }

@@ -247,7 +247,11 @@ impl Config {
                 Some(ExchangeKind::Direct | ExchangeKind::Topic) if b.routing_keys.is_empty() => {
                     return Err(ConfigError::invalid(
                         field("routing_keys"),
-                        format!("is empty for the {} exchange {:?}", kind.map_or("", ExchangeKind::as_str), b.exchange),
+                        format!(
+                            "is empty for the {} exchange {:?}",
+                            kind.map_or("", ExchangeKind::as_str),
+                            b.exchange
+                        ),
                         "give at least one routing key (a topic pattern such as orders.*), or \
                          use a fanout exchange",
                     ));
@@ -354,7 +358,10 @@ mod tests {
         assert_eq!(yaml, json);
         let q = &yaml.queues[0];
         assert_eq!(q.arguments["x-max-length"], ArgValue::Int(10));
-        assert_eq!(q.arguments["x-single-active-consumer"], ArgValue::Bool(true));
+        assert_eq!(
+            q.arguments["x-single-active-consumer"],
+            ArgValue::Bool(true)
+        );
         assert_eq!(q.bindings[0].routing_keys, ["a.*", "b.#"]);
         assert!(!yaml.exchanges[0].durable);
         assert!(q.consume && !q.passive);
@@ -401,8 +408,10 @@ mod tests {
         );
         assert_eq!(field, "queues[0].arguments.x-dead-letter-exchange");
         // Without dead_letter the queue's own dead-lettering is the user's.
-        Config::from_yaml_str("queues: [{ name: q, arguments: { x-dead-letter-exchange: other } }]")
-            .unwrap();
+        Config::from_yaml_str(
+            "queues: [{ name: q, arguments: { x-dead-letter-exchange: other } }]",
+        )
+        .unwrap();
     }
 
     #[test]
@@ -441,10 +450,8 @@ mod tests {
 
     #[test]
     fn handlers_must_match_the_queues_that_are_consumed() {
-        let config = Config::from_yaml_str(
-            "queues: [{ name: a }, { name: b, consume: false }]",
-        )
-        .unwrap();
+        let config =
+            Config::from_yaml_str("queues: [{ name: a }, { name: b, consume: false }]").unwrap();
         config.check_handlers(["a"]).unwrap();
         let none = config.check_handlers([]).unwrap_err();
         assert_eq!(none.field(), Some("queues[0].name"));

@@ -87,8 +87,7 @@ async fn the_designs_yaml_loads_and_starts_a_consumer_on_the_broker() {
 fn with_retries(name: &str) -> QueueConfig {
     let mut q = QueueConfig::new(name);
     q.dead_letter = true;
-    let mut retries =
-        RetriesConfig::new(3, Duration::from_millis(200), Duration::from_millis(800));
+    let mut retries = RetriesConfig::new(3, Duration::from_millis(200), Duration::from_millis(800));
     retries.broker_wait_threshold = Duration::from_millis(400);
     q.retries = Some(retries);
     q
@@ -147,7 +146,11 @@ async fn every_invalid_config_fails_the_start_with_a_config_error_naming_the_fie
         let StartError::Config(config_err) = &err else {
             panic!("{case}: expected a config error, got {err:?}");
         };
-        assert_eq!(config_err.field(), Some(field), "{case}: the typed error keeps the field");
+        assert_eq!(
+            config_err.field(),
+            Some(field),
+            "{case}: the typed error keeps the field"
+        );
         let message = config_err.to_string();
         assert!(message.contains(field), "{case}: names {field}: {message}");
         assert!(message.starts_with("invalid config: "), "{case}: {message}");

@@ -122,7 +122,10 @@ fn topic_config(exchange: &str, q: &str, key: &str) -> Config {
 async fn a_topic_exchange_from_config_routes_matching_keys_into_the_bound_queue() {
     let q = unique("routing.topic");
     let x = unique("routing.topic-x");
-    let _cleanup = (QueueCleanup::new(vec![q.clone()]), ExchangeCleanup(vec![x.clone()]));
+    let _cleanup = (
+        QueueCleanup::new(vec![q.clone()]),
+        ExchangeCleanup(vec![x.clone()]),
+    );
     let mut broker = Broker::new().await;
     let log = Arc::new(Mutex::new(Vec::new()));
     let running = start_consuming(
@@ -134,13 +137,19 @@ async fn a_topic_exchange_from_config_routes_matching_keys_into_the_bound_queue(
     publish_to(&mut broker, &x, "orders.new.us", BasicProperties::default()).await;
     publish_to(&mut broker, &x, "orders.new.eu", BasicProperties::default()).await;
     assert!(
-        eventually(Duration::from_secs(5), || async { !log.lock().unwrap().is_empty() }).await,
+        eventually(Duration::from_secs(5), || async {
+            !log.lock().unwrap().is_empty()
+        })
+        .await,
         "the matching message arrives"
     );
     running.drain().await.expect("clean drain");
     let log = log.lock().unwrap().clone();
     assert_eq!(log.len(), 1, "only the matching key was routed: {log:?}");
-    assert_eq!((log[0].exchange.as_str(), log[0].routing_key.as_str()), (x.as_str(), "orders.new.eu"));
+    assert_eq!(
+        (log[0].exchange.as_str(), log[0].routing_key.as_str()),
+        (x.as_str(), "orders.new.eu")
+    );
 }
 
 #[tokio::test]
@@ -160,7 +169,10 @@ async fn a_retried_message_from_an_exchange_keeps_its_exchange_and_routing_key_a
     let running = start_consuming(config, &q, recorder(log.clone(), true)).await;
     publish_to(&mut broker, &x, "orders.new.eu", BasicProperties::default()).await;
     assert!(
-        eventually(Duration::from_secs(10), || async { log.lock().unwrap().len() == 2 }).await,
+        eventually(Duration::from_secs(10), || async {
+            log.lock().unwrap().len() == 2
+        })
+        .await,
         "attempt 2 arrives from the rung: {:?}",
         log.lock().unwrap()
     );
@@ -170,7 +182,10 @@ async fn a_retried_message_from_an_exchange_keeps_its_exchange_and_routing_key_a
     assert_eq!((first.attempt, second.attempt), (1, 2));
     assert_eq!(first.original_routing_key, "orders.new.eu");
     // The copy came back through the default exchange with routing key Q...
-    assert_eq!((second.exchange.as_str(), second.routing_key.as_str()), ("", q.as_str()));
+    assert_eq!(
+        (second.exchange.as_str(), second.routing_key.as_str()),
+        ("", q.as_str())
+    );
     // ...and still says where the message came from.
     assert_eq!(second.original_exchange, x);
     assert_eq!(second.original_routing_key, "orders.new.eu");
@@ -199,19 +214,28 @@ async fn queue_arguments_in_config_pass_through_so_an_existing_queue_with_them_i
         .start()
         .await
         .expect_err("a conflict without the arguments");
-    assert!(matches!(err, StartError::Topology(TopologyError::Conflict { .. })), "{err}");
+    assert!(
+        matches!(err, StartError::Topology(TopologyError::Conflict { .. })),
+        "{err}"
+    );
     assert_eq!(err.exit_code(), 78);
     // With them (as YAML writes them), it starts and consumes.
     let config = Config::from_yaml_str(&format!(
         "queues:\n  - name: {q}\n    arguments: {{ x-max-length: 1000, x-single-active-consumer: true, x-max-priority: 5 }}\n"
     ))
     .unwrap();
-    assert_eq!(config.queues[0].arguments["x-max-length"], ArgValue::Int(1000));
+    assert_eq!(
+        config.queues[0].arguments["x-max-length"],
+        ArgValue::Int(1000)
+    );
     let log = Arc::new(Mutex::new(Vec::new()));
     let running = start_consuming(config, &q, recorder(log.clone(), false)).await;
     broker.publish(&q, b"{}", FieldTable::default()).await;
     assert!(
-        eventually(Duration::from_secs(5), || async { log.lock().unwrap().len() == 1 }).await,
+        eventually(Duration::from_secs(5), || async {
+            log.lock().unwrap().len() == 1
+        })
+        .await,
         "consumed"
     );
     running.drain().await.expect("clean drain");
@@ -235,9 +259,16 @@ async fn a_passive_queue_that_does_not_exist_fails_the_start_naming_it_and_decla
     };
     assert_eq!(queue, &q);
     let message = err.to_string();
-    assert!(message.contains("does not exist") && message.contains("passive"), "{message}");
+    assert!(
+        message.contains("does not exist") && message.contains("passive"),
+        "{message}"
+    );
     assert_eq!(broker.ready(&q).await, None, "not declared");
-    assert_eq!(broker.ready(&format!("{q}.dlq")).await, None, "not declared");
+    assert_eq!(
+        broker.ready(&format!("{q}.dlq")).await,
+        None,
+        "not declared"
+    );
 }
 
 #[tokio::test]
@@ -246,7 +277,10 @@ async fn a_passive_queue_declared_elsewhere_with_other_arguments_is_consumed_as_
     let _cleanup = QueueCleanup::new(vec![q.clone()]);
     let mut broker = Broker::new().await;
     broker
-        .declare(&q, field_table(vec![("x-max-length", AMQPValue::LongInt(7))]))
+        .declare(
+            &q,
+            field_table(vec![("x-max-length", AMQPValue::LongInt(7))]),
+        )
         .await
         .expect("pre-declared");
     let mut queue = QueueConfig::new(&q);
@@ -255,7 +289,10 @@ async fn a_passive_queue_declared_elsewhere_with_other_arguments_is_consumed_as_
     let running = start_consuming(Config::new([queue]), &q, recorder(log.clone(), false)).await;
     broker.publish(&q, b"{}", FieldTable::default()).await;
     assert!(
-        eventually(Duration::from_secs(5), || async { log.lock().unwrap().len() == 1 }).await,
+        eventually(Duration::from_secs(5), || async {
+            log.lock().unwrap().len() == 1
+        })
+        .await,
         "consumed"
     );
     running.drain().await.expect("clean drain");
@@ -288,14 +325,21 @@ async fn a_queue_with_consume_false_is_declared_and_bound_but_not_consumed_and_t
     publish_to(&mut broker, &hx, "", region("eu")).await;
     publish_to(&mut broker, &hx, "", region("us")).await;
     assert!(
-        eventually(Duration::from_secs(5), || async { log.lock().unwrap().len() == 1 }).await,
+        eventually(Duration::from_secs(5), || async {
+            log.lock().unwrap().len() == 1
+        })
+        .await,
         "the fanout reached the consumed queue"
     );
     assert!(
         broker.wait_ready(&audit, 2, Duration::from_secs(5)).await,
         "the audit queue holds the fanout copy and the region=eu message, not region=us"
     );
-    assert_eq!(broker.consumers(&audit).await, Some(0), "nothing consumes it");
+    assert_eq!(
+        broker.consumers(&audit).await,
+        Some(0),
+        "nothing consumes it"
+    );
     running.drain().await.expect("clean drain");
     // A handler for it is a config error naming the field.
     let err = App::new(config)
@@ -304,7 +348,9 @@ async fn a_queue_with_consume_false_is_declared_and_bound_but_not_consumed_and_t
         .start()
         .await
         .expect_err("a handler for a declare-only queue");
-    let StartError::Config(e) = &err else { panic!("{err:?}") };
+    let StartError::Config(e) = &err else {
+        panic!("{err:?}")
+    };
     assert_eq!(e.field(), Some("queues[1].consume"));
     assert_eq!(err.exit_code(), 78);
 }
@@ -325,7 +371,10 @@ async fn a_quorum_message_redelivered_past_max_redeliveries_is_dead_lettered_as_
     // A handler that hands every delivery straight back, as a process that
     // crashes on it would.
     let handler = service_fn(move |d: Delivery| {
-        let count = d.headers().get(DELIVERY_COUNT_HEADER).and_then(Value::as_i64);
+        let count = d
+            .headers()
+            .get(DELIVERY_COUNT_HEADER)
+            .and_then(Value::as_i64);
         seen.lock().unwrap().push(count);
         async { Ok::<_, BoxError>(Outcome::Requeue) }
     });
@@ -338,13 +387,23 @@ async fn a_quorum_message_redelivered_past_max_redeliveries_is_dead_lettered_as_
         .expect("dead-lettered");
     running.drain().await.expect("clean drain");
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls, [None, Some(1), Some(2)], "called up to the bound, not past it");
+    assert_eq!(
+        calls,
+        [None, Some(1), Some(2)],
+        "called up to the bound, not past it"
+    );
     let headers = message_headers(&copy.properties);
-    assert_eq!(headers.get(REASON_HEADER).and_then(Value::as_str), Some("redelivered"));
+    assert_eq!(
+        headers.get(REASON_HEADER).and_then(Value::as_str),
+        Some("redelivered")
+    );
     // The copy left without the stale count (3); the quorum dead-letter
     // queue counts its own deliveries from 0.
     assert_eq!(
-        headers.get(DELIVERY_COUNT_HEADER).and_then(Value::as_i64).unwrap_or(0),
+        headers
+            .get(DELIVERY_COUNT_HEADER)
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
         0,
         "stripped from the copy: {headers:?}"
     );
@@ -375,7 +434,10 @@ async fn a_missing_vhost_says_which_and_how_to_create_it() {
     };
     assert_eq!(named, &vhost);
     let message = err.to_string();
-    assert!(message.contains(&format!("rabbitmqctl add_vhost {vhost}")), "{message}");
+    assert!(
+        message.contains(&format!("rabbitmqctl add_vhost {vhost}")),
+        "{message}"
+    );
     assert!(!message.contains("is RabbitMQ running"), "{message}");
 }
 
@@ -389,7 +451,9 @@ async fn something_that_is_not_rabbitmq_on_the_port_is_said_in_a_sentence() {
         while let Ok((mut s, _)) = listener.accept().await {
             let mut buf = [0u8; 8];
             let _ = s.read(&mut buf).await;
-            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").await;
+            let _ = s
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                .await;
         }
     });
     let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
@@ -404,7 +468,11 @@ async fn something_that_is_not_rabbitmq_on_the_port_is_said_in_a_sentence() {
 
 #[tokio::test]
 async fn an_address_without_a_scheme_is_a_config_error_exiting_78() {
-    for bad in ["guest:guest@127.0.0.1:5672", "127.0.0.1:5672", "http://127.0.0.1:5672"] {
+    for bad in [
+        "guest:guest@127.0.0.1:5672",
+        "127.0.0.1:5672",
+        "http://127.0.0.1:5672",
+    ] {
         let q = unique("routing.noscheme");
         let err = App::new(Config::new([QueueConfig::new(&q)]))
             .amqp_addr(bad)

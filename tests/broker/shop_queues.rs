@@ -52,7 +52,11 @@ async fn without_queue_the_shop_consumes_every_queue_its_config_names_under_a_na
         })
     })
     .await;
-    assert!(handled, "one order handled on each queue; stderr:\n{}", shop.stderr());
+    assert!(
+        handled,
+        "one order handled on each queue; stderr:\n{}",
+        shop.stderr()
+    );
     let name = format!("acemq-shop@{}:{}", host(), shop.pid);
     assert!(connection_listed(&name).await, "connection {name:?} listed");
 
@@ -69,11 +73,9 @@ async fn repeated_queue_flags_consume_only_those_and_the_demo_batch_goes_to_the_
     let b = unique("shop.some-b");
     let c = unique("shop.some-c");
     let _cleanup = QueueCleanup::new(vec![a.clone(), b.clone(), c.clone()]);
-    let yaml = format!(
-        "shutdown_timeout: 5\nqueues:\n  - name: {a}\n  - name: {b}\n  - name: {c}\n"
-    );
-    let mut shop =
-        ShopProcess::spawn_with_args(&a, &yaml, &["--queue", &c, "--queue", &b], &[]);
+    let yaml =
+        format!("shutdown_timeout: 5\nqueues:\n  - name: {a}\n  - name: {b}\n  - name: {c}\n");
+    let mut shop = ShopProcess::spawn_with_args(&a, &yaml, &["--queue", &c, "--queue", &b], &[]);
     shop.wait_stderr("published the demo batch", Duration::from_secs(15))
         .await;
     let seeded = shop
@@ -82,7 +84,10 @@ async fn repeated_queue_flags_consume_only_those_and_the_demo_batch_goes_to_the_
         .find(|l| l.contains("published the demo batch"))
         .unwrap_or_default()
         .to_owned();
-    assert!(seeded.contains(&c), "seeded into the first --queue: {seeded}");
+    assert!(
+        seeded.contains(&c),
+        "seeded into the first --queue: {seeded}"
+    );
     shop.wait_ready().await;
     let (_, snapshot) = shop.readyz().await.expect("readyz");
     let names: Vec<&str> = snapshot["queues"]
@@ -92,7 +97,10 @@ async fn repeated_queue_flags_consume_only_those_and_the_demo_batch_goes_to_the_
         .filter_map(|q| q["name"].as_str())
         .collect();
     assert!(!names.contains(&a.as_str()), "not consumed: {names:?}");
-    assert!(names.contains(&b.as_str()) && names.contains(&c.as_str()), "{names:?}");
+    assert!(
+        names.contains(&b.as_str()) && names.contains(&c.as_str()),
+        "{names:?}"
+    );
     shop.signal("-TERM");
     let status = shop.exit_within(Duration::from_secs(20)).await;
     assert!(

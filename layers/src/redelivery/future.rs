@@ -70,6 +70,8 @@ impl<F> fmt::Debug for ResponseFuture<F> {
             State::Inner { .. } => "inner",
             State::Limited { .. } => "limited",
         };
-        f.debug_struct("ResponseFuture").field("state", &state).finish()
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
     }
 }

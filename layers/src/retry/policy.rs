@@ -59,7 +59,11 @@ impl RetryPolicy {
     /// policy.broker_wait_threshold = Duration::from_secs(10);
     /// assert_eq!(policy.delay_after(4), Duration::from_secs(8));
     /// ```
-    pub const fn exponential(max_attempts: u32, initial_delay: Duration, max_delay: Duration) -> Self {
+    pub const fn exponential(
+        max_attempts: u32,
+        initial_delay: Duration,
+        max_delay: Duration,
+    ) -> Self {
         RetryPolicy {
             max_attempts,
             initial_delay,
