@@ -5,7 +5,7 @@
 //! use acemq::config::{Config, ExchangeKind};
 //!
 //! let config = Config::from_yaml_str(
-//!     r#"
+//!     r##"
 //! exchanges:
 //!   - { name: shop, type: topic }
 //! queues:
@@ -17,7 +17,7 @@
 //!     consume: false
 //!     bindings:
 //!       - { exchange: shop, routing_keys: ["#"] }
-//! "#,
+//! "##,
 //! )
 //! .unwrap();
 //! assert_eq!(config.exchanges[0].kind, ExchangeKind::Topic);
