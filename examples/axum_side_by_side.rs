@@ -28,7 +28,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::future::BoxFuture;
-use lapin::BasicProperties;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
@@ -47,13 +46,13 @@ struct Order {
     work_ms: u64,
 }
 
-/// The one handler: a tower service over `(Order, CancellationToken)`.
+/// The one handler: a tower service over `(Order, Cancellation)`.
 #[derive(Clone, Debug, Default)]
 struct OrderService {
     handled: Arc<AtomicU64>,
 }
 
-impl Service<(Order, CancellationToken)> for OrderService {
+impl Service<(Order, acemq::Cancellation)> for OrderService {
     type Response = ();
     type Error = acemq::BoxError;
     type Future = BoxFuture<'static, Result<(), acemq::BoxError>>;
@@ -62,7 +61,7 @@ impl Service<(Order, CancellationToken)> for OrderService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, (order, token): (Order, CancellationToken)) -> Self::Future {
+    fn call(&mut self, (order, token): (Order, acemq::Cancellation)) -> Self::Future {
         let handled = self.handled.clone();
         Box::pin(async move {
             tokio::select! {
@@ -83,7 +82,7 @@ async fn post_order(
     let id = order.id.clone();
     // HTTP requests are not cancelled by the drain: axum's graceful shutdown
     // waits for them (bounded by HTTP_GRACE).
-    match svc.oneshot((order, CancellationToken::new())).await {
+    match svc.oneshot((order, acemq::Cancellation::never())).await {
         Ok(()) => (StatusCode::OK, format!("order {id} handled\n")),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -224,7 +223,7 @@ async fn main() -> ExitCode {
                 n += 1;
                 let body = format!(r#"{{"id":"bg-{n}","work_ms":200}}"#);
                 if let Err(e) = p
-                    .publish("", QUEUE, body.as_bytes(), BasicProperties::default())
+                    .publish("", QUEUE, body.as_bytes(), acemq::Properties::default())
                     .await
                 {
                     warn!(error = %e, "background publish failed");

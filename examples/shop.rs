@@ -36,7 +36,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use lapin::BasicProperties;
 use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
@@ -341,10 +340,9 @@ async fn main() -> ExitCode {
         let batch = demo_batch();
         let n = batch.len();
         for (id, body) in batch {
-            let props = BasicProperties::default()
-                .with_message_id(id.as_str().into())
-                .with_content_type("application/json".into())
-                .with_delivery_mode(2);
+            let mut props = acemq::Properties::default();
+            props.message_id = Some(id.clone());
+            props.content_type = Some("application/json".to_owned());
             if let Err(e) = publisher.publish("", first, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
             }

@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::consumer::QueueStats;
-use crate::health::Health;
+use crate::health::{Health, Role};
 use crate::publisher::Publisher;
 
 /// How long closing a channel or the connection may take before the drain
@@ -47,24 +47,34 @@ pub(crate) struct QueueHandle {
     pub(crate) stats: Arc<QueueStats>,
 }
 
-/// The live connection and the consumers on it; the reconnect supervisor
-/// replaces both after a connection loss. The drain reads them once, after
-/// it has begun (under the lock, so no new generation can start after it).
+/// The live connections and the consumers on them; the supervisor
+/// replaces them after a loss. The drain reads them once, after it has
+/// begun (under the lock, so no new generation can start after it).
 pub(crate) struct Link {
-    pub(crate) connection: Mutex<Arc<Connection>>,
-    pub(crate) queues: Mutex<Vec<QueueHandle>>,
+    consume: Mutex<Option<Arc<Connection>>>,
+    publish: Mutex<Option<Arc<Connection>>>,
+    /// Each queue's live generation, by config index.
+    pub(crate) queues: Mutex<Vec<Option<QueueHandle>>>,
 }
 
 impl Link {
-    pub(crate) fn new(connection: Arc<Connection>) -> Self {
+    pub(crate) fn new(consume: Arc<Connection>, publish: Arc<Connection>, queues: usize) -> Self {
         Link {
-            connection: Mutex::new(connection),
-            queues: Mutex::new(Vec::new()),
+            consume: Mutex::new(Some(consume)),
+            publish: Mutex::new(Some(publish)),
+            queues: Mutex::new(vec![None; queues]),
         }
     }
 
-    pub(crate) fn connection(&self) -> Arc<Connection> {
-        self.connection
+    pub(crate) fn connection(&self, role: Role) -> &Mutex<Option<Arc<Connection>>> {
+        match role {
+            Role::Consumer => &self.consume,
+            Role::Publisher => &self.publish,
+        }
+    }
+
+    fn current(&self, role: Role) -> Option<Arc<Connection>> {
+        self.connection(role)
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -74,9 +84,24 @@ impl Link {
         self.queues
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
     }
 }
+
+/// The longest a drain can take: `shutdown_timeout`, then `abandon_after`
+/// (and the grace the drain adds to it), then the close bounds: consumer
+/// channels (together), the publishing connection, the consumers'
+/// connection.
+pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
+    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * 3
+}
+
+/// Added to `abandon_after` before the drain stops waiting for abandoned
+/// handlers to be dropped.
+const ABANDON_GRACE: Duration = Duration::from_millis(250);
 
 /// Coordinates the stop. Built by the runner; see the module docs.
 #[must_use = "a Drain does nothing until it is run"]
@@ -157,7 +182,12 @@ impl fmt::Display for DrainReport {
         )?;
         let held = self.handed_back();
         if held > 0 {
-            write!(f, "; {held} deliveries were fetched but never handled — the broker will redeliver them (")?;
+            write!(
+                f,
+                "; {} fetched but never handled — the broker will redeliver {} (",
+                plural(held, "delivery was", "deliveries were"),
+                if held == 1 { "it" } else { "them" }
+            )?;
             let parts: Vec<String> = self
                 .queues
                 .iter()
@@ -194,6 +224,10 @@ pub struct DrainTimeout {
     pub abandon_after: Duration,
     /// Queues with deliveries still in flight when the deadline passed, and how many.
     pub in_flight: Vec<(String, usize)>,
+    /// What else the drain was still waiting for at the deadline, per queue
+    /// (consumer loops with nothing in flight that had not finished:
+    /// settles stuck on a channel that does not answer, say).
+    pub waiting: Vec<String>,
     /// Handlers still running `abandon_after` after cancellation (abandoned).
     pub abandoned: usize,
     /// The rest of the report.
@@ -216,6 +250,9 @@ impl fmt::Display for DrainTimeout {
             )?,
             DeadlineKind::SecondSignal => write!(f, "drain cut short by a second stop signal with handlers still running ({})", queues.join(", "))?,
         }
+        if !self.waiting.is_empty() {
+            write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
+        }
         write!(f, "; their tokens were cancelled")?;
         if self.abandoned > 0 {
             write!(
@@ -227,18 +264,30 @@ impl fmt::Display for DrainTimeout {
         }
         write!(
             f,
-            "; the connection is closed and the broker will redeliver their messages ({} handler(s) finished and {} deliveries were handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
-            self.report.finished(),
-            self.report.handed_back()
+            "; the connections are closed and the broker will redeliver their messages ({} and {} handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
+            plural(self.report.finished(), "handler finished", "handlers finished"),
+            plural(self.report.handed_back(), "delivery was", "deliveries were"),
         )
     }
+}
+
+/// `1 delivery was`, `2 deliveries were`.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 impl std::error::Error for DrainTimeout {}
 
 impl Drain {
     /// Runs the drain; `hurry` resolving (a second signal) skips straight to
-    /// cancellation and abandon.
+    /// cancellation and abandon, at whichever step the drain is.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Not cancellation safe: dropping the future (wrapping it in
+    /// `tokio::time::timeout`, say) leaves the channels and connections
+    /// open and the handlers uncancelled. Its own deadline is
+    /// `shutdown_timeout`; use `hurry` to cut it short.
     pub async fn run(self, hurry: impl Future<Output = ()>) -> Result<DrainReport, DrainTimeout> {
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
@@ -247,16 +296,19 @@ impl Drain {
             "drain started: readiness off, stopping intake; waiting for {} handler(s) in flight",
             self.in_flight.total()
         );
-        // 1. Readiness off; in-process backoffs stop waiting.
+        tokio::pin!(hurry);
+        let mut hurried = false;
+        // 1. Readiness off.
         self.health.set_draining();
-        self.draining.cancel();
-        // No new generation of consumers starts after this read (the
-        // reconnect supervisor checks `draining` under the same lock).
-        let queues = self.link.queues();
-        let connection = self.link.connection();
+        // No new generation starts after this read (the runners check
+        // `intake` under the same lock).
+        let queues = {
+            let guard = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+            self.intake.cancel();
+            guard.iter().flatten().cloned().collect::<Vec<_>>()
+        };
         // 2. Stop intake everywhere at once: the loops start no new handler
-        // (`hand_back`) and the broker stops sending.
-        self.intake.cancel();
+        // (`hand_back`) and flush what they hold; the broker stops sending.
         let cancels = join_all(queues.iter().map(|q| async move {
             if q.channel.status().connected() {
                 if let Err(e) = q.channel.basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default()).await {
@@ -264,26 +316,34 @@ impl Drain {
                 }
             }
         }));
-        let _ = tokio::time::timeout_at(deadline, cancels).await;
-        // Only now may anything be handed back: a delivery requeued while its
-        // consumer was still registered would be sent straight back to it.
-        // A paused gate hands back what it holds; an open one stays open so
-        // that `handle_buffered` can handle what the stream still yields (a
-        // `hand_back` loop no longer calls its stack). Every gate closes at
-        // the deadline.
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, cancels) => {}
+            () = &mut hurry => hurried = true,
+        }
+        // Only now may anything be handed back or moved: a delivery requeued
+        // while its consumer was still registered would be sent straight
+        // back to it. In-process retry waits move to their rungs; a paused
+        // gate hands back what it holds; an open one stays open so that
+        // `handle_buffered` can handle what the stream still yields. Every
+        // gate closes at the deadline.
+        self.draining.cancel();
         for q in &queues {
             q.stats.consumer_cancelled.cancel();
             if q.gate.is_paused() {
                 q.gate.close();
             }
         }
-        // 3. Wait for handlers on all queues, within what is left.
+        // 3. Wait for handlers on all queues (every generation), within what
+        // is left.
         self.tracker.close();
-        tokio::pin!(hurry);
-        let ended = tokio::select! {
-            () = self.tracker.wait() => None,
-            () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
-            () = &mut hurry => Some(DeadlineKind::SecondSignal),
+        let ended = if hurried {
+            Some(DeadlineKind::SecondSignal)
+        } else {
+            tokio::select! {
+                () = self.tracker.wait() => None,
+                () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
+                () = &mut hurry => Some(DeadlineKind::SecondSignal),
+            }
         };
         let mut timeout = None;
         if let Some(kind) = ended {
@@ -293,6 +353,23 @@ impl Drain {
                 .snapshot()
                 .into_iter()
                 .filter(|(_, n)| *n > 0)
+                .collect();
+            // What else the drain was waiting for: loops with nothing in
+            // flight that had not finished (settles or a buffer stuck on a
+            // channel that does not answer).
+            let waiting: Vec<String> = queues
+                .iter()
+                .filter_map(|q| {
+                    let loops = q.stats.loops.load(Ordering::Relaxed);
+                    let unsettled = q.stats.unsettled.load(Ordering::Relaxed);
+                    let buffered = q.stats.buffered.load(Ordering::Relaxed);
+                    (loops > 0).then(|| {
+                        format!(
+                            "{}: {loops} consumer loop(s) not finished, {unsettled} settle(s) not sent or not answered, {buffered} buffered",
+                            q.name
+                        )
+                    })
+                })
                 .collect();
             warn!(
                 ?kind,
@@ -304,10 +381,10 @@ impl Drain {
                 q.gate.close();
             }
             self.root.cancel();
-            let grace = self.abandon_after + Duration::from_millis(250);
+            let grace = self.abandon_after + ABANDON_GRACE;
             let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
-            if !in_flight.is_empty() {
-                timeout = Some((kind, in_flight));
+            if !in_flight.is_empty() || !waiting.is_empty() {
+                timeout = Some((kind, in_flight, waiting));
             }
         }
         let abandoned: usize = queues
@@ -315,7 +392,8 @@ impl Drain {
             .map(|q| q.stats.abandoned.load(Ordering::Relaxed))
             .sum::<usize>()
             + self.in_flight.total();
-        // 5. Close consumer channels, then the publisher, then the connection.
+        // 5. Close the consumer channels, then the publishing connection,
+        // then the consumers' connection.
         for q in &queues {
             q.gate.close();
         }
@@ -326,11 +404,16 @@ impl Drain {
             }
         }))
         .await;
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.publisher.close()).await;
-        if connection.status().connected() {
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into())).await;
+        self.publisher.close();
+        for role in [Role::Publisher, Role::Consumer] {
+            if let Some(connection) = self.link.current(role) {
+                if connection.status().connected() {
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))
+                        .await;
+                }
+            }
+            self.health.set_connected(role, false);
         }
-        self.health.set_connected(false);
         // 6. Report.
         let report = DrainReport {
             duration: start.elapsed(),
@@ -347,13 +430,14 @@ impl Drain {
         metrics::histogram!("acemq.drain.duration").record(report.duration.as_secs_f64());
         match timeout {
             None => Ok(report),
-            Some((kind, in_flight)) => {
+            Some((kind, in_flight, waiting)) => {
                 metrics::counter!("acemq.drain.timeouts").increment(1);
                 Err(DrainTimeout {
                     kind,
                     shutdown_timeout: self.shutdown_timeout,
                     abandon_after: self.abandon_after,
                     in_flight,
+                    waiting,
                     abandoned,
                     report,
                 })

@@ -1,7 +1,9 @@
 //! Readiness and health: what a load balancer and an operator read.
 //!
-//! Ready means connected and not shutting down; it turns false at the first
-//! step of the drain. Wire it to a **readiness** probe, never to a liveness
+//! Ready means both connections (consuming and publishing) are open, every
+//! queue has a live consumer, and the drain has not begun; it turns false at
+//! the first step of the drain. A paused queue is still ready: a paused
+//! instance is healthy, and its admin routes must stay reachable. Wire it to a **readiness** probe, never to a liveness
 //! probe: a draining instance is alive and finishing work, and restarting it
 //! would kill exactly the handlers the drain is waiting for.
 
@@ -19,9 +21,42 @@ pub struct Health {
     inner: Arc<Inner>,
 }
 
+/// Which of the two connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Consumes (and settles); never publishes.
+    Consumer,
+    /// Publishes rung copies, dead-letter copies and user messages.
+    Publisher,
+}
+
+impl Role {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Role::Consumer => "consumer",
+            Role::Publisher => "publisher",
+        }
+    }
+
+    /// Added to the connection name.
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Role::Consumer => "",
+            Role::Publisher => " (publisher)",
+        }
+    }
+}
+
+/// No queue by that name is consumed here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no queue named {0:?} is consumed here")]
+pub struct UnknownQueue(pub String);
+
 #[derive(Debug, Default)]
 struct Inner {
     connected: AtomicBool,
+    publisher_connected: AtomicBool,
+    blocked: AtomicBool,
     draining: AtomicBool,
     in_flight: InFlightCounter,
     queues: RwLock<Vec<QueueEntry>>,
@@ -38,10 +73,14 @@ struct QueueEntry {
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthSnapshot {
-    /// Connected and not shutting down.
+    /// Both connections open, every queue consuming, not shutting down.
     pub ready: bool,
-    /// The connection to the broker is open.
+    /// The consumers' connection to the broker is open.
     pub connected: bool,
+    /// The publishing connection is open.
+    pub publisher_connected: bool,
+    /// The broker has blocked the publishing connection (a resource alarm).
+    pub publisher_blocked: bool,
     /// The drain has begun.
     pub draining: bool,
     /// Per queue.
@@ -66,8 +105,13 @@ pub struct QueueSnapshot {
     pub retried: usize,
     /// Deliveries dead-lettered so far.
     pub dead_lettered: usize,
-    /// The consumer is taking deliveries (false after the broker cancelled it).
+    /// The consumer is taking deliveries (false while it is recovered, and
+    /// once the drain began).
     pub consuming: bool,
+    /// Paused by an operator (held deliveries wait at the gate).
+    pub paused: bool,
+    /// Outcomes dropped because their channel was gone (orphans).
+    pub orphaned: usize,
 }
 
 impl Health {
@@ -76,9 +120,10 @@ impl Health {
         Health::default()
     }
 
-    /// Connected and not shutting down.
+    /// Both connections open, every queue consuming, not shutting down.
     pub fn is_ready(&self) -> bool {
         self.inner.connected.load(Ordering::Acquire)
+            && self.inner.publisher_connected.load(Ordering::Acquire)
             && !self.inner.draining.load(Ordering::Acquire)
             && !self
                 .inner
@@ -86,7 +131,7 @@ impl Health {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
-                .any(|q| q.stats.cancelled_by_broker.load(Ordering::Relaxed))
+                .any(|q| q.stats.down.load(Ordering::Acquire))
     }
 
     /// Whether the drain has begun.
@@ -99,8 +144,18 @@ impl Health {
         &self.inner.in_flight
     }
 
-    pub(crate) fn set_connected(&self, connected: bool) {
-        self.inner.connected.store(connected, Ordering::Release);
+    pub(crate) fn set_connected(&self, role: Role, connected: bool) {
+        let flag = match role {
+            Role::Consumer => &self.inner.connected,
+            Role::Publisher => &self.inner.publisher_connected,
+        };
+        flag.store(connected, Ordering::Release);
+    }
+
+    pub(crate) fn set_blocked(&self, role: Role, blocked: bool) {
+        if role == Role::Publisher {
+            self.inner.blocked.store(blocked, Ordering::Release);
+        }
     }
 
     pub(crate) fn set_draining(&self) {
@@ -127,12 +182,39 @@ impl Health {
             .clone()
     }
 
-    /// The pause gates of every queue (pause or resume intake by hand).
-    pub fn gates(&self) -> Vec<(String, PauseHandle)> {
-        self.read_queues()
-            .into_iter()
-            .map(|q| (q.name, q.gate))
-            .collect()
+    fn gate(&self, queue: &str) -> Result<PauseHandle, UnknownQueue> {
+        self.inner
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|q| q.name == queue)
+            .map(|q| q.gate.clone())
+            .ok_or_else(|| UnknownQueue(queue.to_owned()))
+    }
+
+    /// Pauses `queue`: new deliveries are held before the handler (they keep
+    /// their place and are not in flight) until [`resume`](Self::resume).
+    /// Readiness is unchanged: a paused instance is healthy.
+    pub fn pause(&self, queue: &str) -> Result<(), UnknownQueue> {
+        self.gate(queue)?.pause();
+        Ok(())
+    }
+
+    /// Resumes `queue`: held deliveries go on, in order.
+    pub fn resume(&self, queue: &str) -> Result<(), UnknownQueue> {
+        self.gate(queue)?.resume();
+        Ok(())
+    }
+
+    /// Whether `queue` is paused.
+    pub fn is_paused(&self, queue: &str) -> Result<bool, UnknownQueue> {
+        Ok(self.gate(queue)?.is_paused())
+    }
+
+    /// The names of the queues consumed here, in config order.
+    pub fn queue_names(&self) -> Vec<String> {
+        self.read_queues().into_iter().map(|q| q.name).collect()
     }
 
     /// Sets the gauges `acemq.inflight` and `acemq.held` {queue} and
@@ -159,14 +241,17 @@ impl Health {
                 handled: q.stats.handled.load(Ordering::Relaxed),
                 retried: q.stats.retried.load(Ordering::Relaxed),
                 dead_lettered: q.stats.dead_lettered.load(Ordering::Relaxed),
-                consuming: !q.stats.cancelled_by_broker.load(Ordering::Relaxed)
-                    && !self.is_draining(),
+                consuming: !q.stats.down.load(Ordering::Acquire) && !self.is_draining(),
+                paused: q.gate.is_paused(),
+                orphaned: q.stats.orphaned.load(Ordering::Relaxed),
                 name: q.name,
             })
             .collect();
         HealthSnapshot {
             ready: self.is_ready(),
             connected: self.inner.connected.load(Ordering::Acquire),
+            publisher_connected: self.inner.publisher_connected.load(Ordering::Acquire),
+            publisher_blocked: self.inner.blocked.load(Ordering::Acquire),
             draining: self.is_draining(),
             queues,
         }

@@ -21,12 +21,13 @@ pub mod topology;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{
-    BoxError, Decision, Delivery, Headers, IntoOutcome, Outcome, Reason, Reject, Value,
+    BoxError, Cancellation, Decision, Delivery, Headers, IntoOutcome, Lifeline, Outcome,
+    Properties, PublishError, Reason, Reject, Value,
 };
-pub use app::{App, Running, StartError};
+pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
-pub use health::{Health, HealthSnapshot};
+pub use health::{Health, HealthSnapshot, UnknownQueue};
 pub use publisher::Publisher;
 
 /// Compiles the README's Rust code as a doctest, so the quickstart stays true.

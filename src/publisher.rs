@@ -1,35 +1,73 @@
-//! Publishing with confirms on a channel of its own.
+//! Publishing with confirms, on a connection of its own.
 //!
-//! The retry and dead-letter layers publish copies through it; your code can
-//! publish its own messages with [`Publisher::publish`]. Every publish is
-//! `mandatory` and waits for the broker's confirm: an unroutable message
-//! comes back as [`PublishError::Unroutable`], never as success.
+//! The retry and dead-letter layers publish copies through it; your code
+//! publishes its own messages with [`Publisher::publish`] (or
+//! [`publish_json`](Publisher::publish_json)). Every publish is `mandatory`
+//! and waits for the broker's confirm: an unroutable message comes back as
+//! [`PublishError::Unroutable`], never as success.
+//!
+//! The publishing connection is never the consumers': during a memory or
+//! disk alarm RabbitMQ blocks every connection that publishes, and lapin
+//! then writes no frame at all on it, acknowledgements included. With
+//! publishing apart, the consumers keep acknowledging — and so keep draining
+//! the queue that would end the alarm — while publishes wait.
+//!
+//! ```no_run
+//! use acemq::{App, Config, Delivery, Properties};
+//! use tower::service_fn;
+//!
+//! # async fn run() -> std::process::ExitCode {
+//! let config = Config::from_path("examples/shop.yaml").expect("valid config");
+//! let app = App::new(config);
+//! // A handle before start, cloned into the handler.
+//! let publisher = app.publisher();
+//! app.consume("shop.orders", service_fn(move |d: Delivery| {
+//!     let publisher = publisher.clone();
+//!     async move {
+//!         let receipt = serde_json::json!({ "order": d.properties().message_id });
+//!         publisher.publish_json("", "shop.receipts", &receipt).await?;
+//!         Ok::<_, acemq::BoxError>(())
+//!     }
+//! }))
+//! .run()
+//! .await
+//! # }
+//! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use acemq_layers::{Outgoing, Publish, PublishError};
+use acemq_layers::{Headers, Outgoing, Properties, Publish, PublishError};
+use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
+use tokio::sync::watch;
 use tracing::warn;
 
 use crate::convert::properties_to_lapin;
 use crate::topology::{declare_one, Topology};
 
-/// A confirm-mode publisher. Cheap to clone; clones share the channel.
+/// A confirm-mode publisher on the publishing connection. Cheap to clone;
+/// clones share the channel.
 #[derive(Clone)]
 pub struct Publisher {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    connection: Mutex<Arc<Connection>>,
-    channel: Mutex<Channel>,
-    topology: Topology,
+    connection: watch::Receiver<Option<Arc<Connection>>>,
+    channel: Mutex<Option<Channel>>,
+    topology: OnceLock<Topology>,
+    /// How long a publish waits for a connection, or for the broker to
+    /// unblock one.
+    wait: Duration,
 }
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Publisher").finish_non_exhaustive()
+        f.debug_struct("Publisher")
+            .field("wait", &self.inner.wait)
+            .finish_non_exhaustive()
     }
 }
 
@@ -40,59 +78,182 @@ async fn confirm_channel(conn: &Connection) -> lapin::Result<Channel> {
 }
 
 impl Publisher {
-    /// Opens a confirm-mode channel on `connection`. `topology` is what the
-    /// dead-letter layer re-declares from when its queue was deleted.
+    /// A publisher on `connection`. `topology` is what the dead-letter layer
+    /// re-declares from when its queue was deleted.
     pub async fn new(connection: Arc<Connection>, topology: Topology) -> lapin::Result<Self> {
         let channel = confirm_channel(&connection).await?;
-        Ok(Publisher {
+        let (_tx, rx) = watch::channel(Some(connection));
+        let p = Publisher::detached(rx, Duration::from_secs(10));
+        *p.inner.channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
+        p.set_topology(topology);
+        Ok(p)
+    }
+
+    /// A publisher whose connection the runner provides (and replaces after
+    /// a reconnect) through `connection`.
+    pub(crate) fn detached(
+        connection: watch::Receiver<Option<Arc<Connection>>>,
+        wait: Duration,
+    ) -> Self {
+        Publisher {
             inner: Arc::new(Inner {
-                connection: Mutex::new(connection),
-                channel: Mutex::new(channel),
-                topology,
+                connection,
+                channel: Mutex::new(None),
+                topology: OnceLock::new(),
+                wait,
             }),
+        }
+    }
+
+    pub(crate) fn set_topology(&self, topology: Topology) {
+        let _ = self.inner.topology.set(topology);
+    }
+
+    /// The open connection, waiting up to `wait` for one.
+    async fn connection(&self, target: &str) -> Result<Arc<Connection>, PublishError> {
+        let mut rx = self.inner.connection.clone();
+        let wait = async {
+            loop {
+                if let Some(c) = rx.borrow_and_update().clone() {
+                    if c.status().connected() {
+                        return Some(c);
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        match tokio::time::timeout(self.inner.wait, wait).await {
+            Ok(Some(c)) => Ok(c),
+            _ => Err(PublishError::Transport {
+                queue: target.to_owned(),
+                message: format!(
+                    "the publishing connection is not open (not started yet, reconnecting, or closed); waited {:?}",
+                    self.inner.wait
+                ),
+            }),
+        }
+    }
+
+    /// Waits (within `wait`) while the broker blocks `conn`. Checked before
+    /// sending: lapin writes no frame on a blocked connection, and a publish
+    /// that timed out while blocked would still go out after unblock (a
+    /// duplicate). So a publish is only sent once the connection is not
+    /// blocked.
+    async fn unblocked(&self, conn: &Connection, target: &str) -> Result<(), PublishError> {
+        if !conn.status().blocked() {
+            return Ok(());
+        }
+        // The listener first, then the status: an unblock in between is
+        // not missed.
+        let mut events = conn.events_listener();
+        if !conn.status().blocked() {
+            return Ok(());
+        }
+        let unblocked = async {
+            while let Some(ev) = events.next().await {
+                if matches!(ev, Event::ConnectionUnblocked) || !conn.status().blocked() {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(self.inner.wait, unblocked)
+            .await
+            .is_ok()
+            && !conn.status().blocked()
+        {
+            return Ok(());
+        }
+        Err(PublishError::Blocked {
+            queue: target.to_owned(),
+            message: format!(
+                "the broker has blocked the publishing connection (a memory or disk alarm) for more than {:?}; nothing was sent. Free memory or disk on the broker, or let the alarm clear",
+                self.inner.wait
+            ),
         })
     }
 
-    fn connection(&self) -> Arc<Connection> {
-        self.inner
-            .connection
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Moves the publisher to a new connection (after a reconnect); its
-    /// channel is reopened there on the next publish.
-    pub(crate) fn set_connection(&self, connection: Arc<Connection>) {
-        *self
+    async fn usable_channel(&self, conn: &Connection) -> Result<Channel, lapin::Error> {
+        let current = self
             .inner
-            .connection
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = connection;
-    }
-
-    fn channel(&self) -> Channel {
-        self.inner
             .channel
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    async fn usable_channel(&self) -> Result<Channel, lapin::Error> {
-        let ch = self.channel();
-        if ch.status().connected() {
-            return Ok(ch);
+            .clone();
+        if let Some(ch) = current {
+            if ch.status().connected() {
+                return Ok(ch);
+            }
         }
-        let fresh = confirm_channel(&self.connection()).await?;
-        *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        let fresh = confirm_channel(conn).await?;
+        *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
         Ok(fresh)
     }
 
     /// Publishes `body` to `exchange` with `routing_key`, mandatory, and
     /// waits for the confirm. Use `""` as the exchange to address a queue by
-    /// name.
+    /// name. Persistent unless `properties.delivery_mode` says otherwise.
     pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: Properties,
+    ) -> Result<(), PublishError> {
+        self.publish_with_headers(exchange, routing_key, body, properties, &Headers::new())
+            .await
+    }
+
+    /// As [`publish`](Self::publish), with headers.
+    pub async fn publish_with_headers(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        mut properties: Properties,
+        headers: &Headers,
+    ) -> Result<(), PublishError> {
+        if properties.delivery_mode.is_none() {
+            properties.delivery_mode = Some(2);
+        }
+        let mut props = properties_to_lapin(&properties, headers);
+        if let Some(e) = &properties.expiration {
+            props = props.with_expiration(e.as_str().into());
+        }
+        self.send(exchange, routing_key, body, props).await
+    }
+
+    /// Publishes `value` as JSON (`content_type: application/json`,
+    /// persistent).
+    pub async fn publish_json<T: serde::Serialize + ?Sized>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        value: &T,
+    ) -> Result<(), PublishError> {
+        let body = serde_json::to_vec(value).map_err(|e| PublishError::Transport {
+            queue: routing_key.to_owned(),
+            message: format!("the value could not be serialised as JSON: {e}"),
+        })?;
+        let mut properties = Properties::default();
+        properties.content_type = Some("application/json".to_owned());
+        self.publish(exchange, routing_key, &body, properties).await
+    }
+
+    /// Publishes with lapin's own properties, as given (no persistent
+    /// default).
+    pub async fn publish_lapin(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        self.send(exchange, routing_key, body, properties).await
+    }
+
+    async fn send(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -108,7 +269,9 @@ impl Publisher {
             queue: target.clone(),
             message: e.to_string(),
         };
-        let ch = self.usable_channel().await.map_err(transport)?;
+        let conn = self.connection(&target).await?;
+        self.unblocked(&conn, &target).await?;
+        let ch = self.usable_channel(&conn).await.map_err(transport)?;
         let confirm = ch
             .basic_publish(
                 exchange.into(),
@@ -133,23 +296,28 @@ impl Publisher {
         }
     }
 
-    /// Closes the publisher's channel.
-    pub async fn close(&self) {
-        let ch = self.channel();
-        if ch.status().connected() {
-            let _ = ch.close(200, "OK".into()).await;
-        }
+    /// Forgets the publisher's channel (the runner closes the connection).
+    pub(crate) fn close(&self) {
+        self.inner
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 }
 
 impl Publish for Publisher {
     async fn publish(&self, message: Outgoing<'_>) -> Result<(), PublishError> {
-        let props = properties_to_lapin(message.delivery.properties(), &message.headers);
-        Publisher::publish(self, "", message.queue, message.delivery.body(), props).await
+        let mut headers = message.headers;
+        // The broker's own redelivery count is not the copy's.
+        headers.remove("x-delivery-count");
+        let props = properties_to_lapin(message.delivery.properties(), &headers);
+        self.send("", message.queue, message.delivery.body(), props)
+            .await
     }
 
     async fn redeclare(&self, queue: &str) -> Result<(), PublishError> {
-        let Some(decl) = self.inner.topology.get(queue) else {
+        let Some(decl) = self.inner.topology.get().and_then(|t| t.get(queue)) else {
             return Err(PublishError::Transport {
                 queue: queue.to_owned(),
                 message: "the topology does not name this queue".to_owned(),
@@ -159,7 +327,8 @@ impl Publish for Publisher {
             queue,
             "declaring the queue again: it was deleted while the consumer was running"
         );
-        declare_one(&self.connection(), decl)
+        let conn = self.connection(queue).await?;
+        declare_one(&conn, decl)
             .await
             .map_err(|e| PublishError::Transport {
                 queue: queue.to_owned(),

@@ -220,6 +220,32 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Declares again what belongs to queue `q` (after the broker deleted
+    /// it): the exchanges it is bound to, the queue, its dead-letter queue
+    /// and rungs, then its bindings — a deleted queue loses its bindings
+    /// with it.
+    pub async fn declare_for_queue(&self, conn: &Connection, q: &str) -> Result<(), TopologyError> {
+        let dlq = format!("{q}.dlq");
+        let rungs = format!("{q}.retry.");
+        let bindings: Vec<&BindingDecl> = self.bindings.iter().filter(|b| b.queue == q).collect();
+        for x in &self.exchanges {
+            if bindings.iter().any(|b| b.exchange == x.name) {
+                declare_exchange(conn, x).await?;
+            }
+        }
+        for d in &self.decls {
+            if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
+                declare_one(conn, d).await?;
+            }
+        }
+        for b in bindings {
+            bind(conn, b).await?;
+        }
+        Ok(())
+    }
+}
+
 /// The broker's reply code and text, when `e` is an AMQP error.
 fn reply(e: &lapin::Error) -> Option<(u16, String)> {
     match e.kind() {

@@ -6,6 +6,8 @@ use bytes::Bytes;
 use http::Extensions;
 use tokio_util::sync::CancellationToken;
 
+use crate::lifeline::{Cancellation, Lifeline};
+
 use crate::headers::{Headers, Value};
 
 /// Header that carries the attempt number of a message (1 for the first).
@@ -68,7 +70,8 @@ pub struct Delivery {
     delivery_tag: u64,
     redelivered: bool,
     attempt: u32,
-    token: CancellationToken,
+    token: Cancellation,
+    lifeline: Lifeline,
     extensions: Extensions,
 }
 
@@ -79,7 +82,8 @@ pub struct DeliveryBuilder {
     queue: Option<Arc<str>>,
     delivery_tag: u64,
     redelivered: bool,
-    token: Option<CancellationToken>,
+    token: Option<Cancellation>,
+    lifeline: Option<Lifeline>,
 }
 
 impl DeliveryBuilder {
@@ -123,9 +127,14 @@ impl DeliveryBuilder {
         self.redelivered = redelivered;
         self
     }
-    /// The cancellation token (default: a fresh one).
+    /// The cancellation the handler sees (default: one that never fires).
     pub fn token(mut self, token: CancellationToken) -> Self {
-        self.token = Some(token);
+        self.token = Some(Cancellation::new(token));
+        self
+    }
+    /// The delivery's [`Lifeline`] (default: one that is never lost).
+    pub fn lifeline(mut self, lifeline: Lifeline) -> Self {
+        self.lifeline = Some(lifeline);
         self
     }
     /// Builds the delivery, parsing the attempt from [`ATTEMPT_HEADER`].
@@ -149,6 +158,7 @@ impl DeliveryBuilder {
             redelivered: self.redelivered,
             attempt,
             token: self.token.unwrap_or_default(),
+            lifeline: self.lifeline.unwrap_or_default(),
             extensions: Extensions::new(),
         }
     }
@@ -239,16 +249,33 @@ impl Delivery {
     pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = attempt;
     }
-    /// The handler's cancellation token: cancelled when the drain's deadline
-    /// has passed. A handler that listens ends early and its delivery is
+    /// The handler's cancellation: fires when the drain's deadline has
+    /// passed, or when the delivery's channel was lost (its outcome will be
+    /// dropped). A handler that listens ends early and its delivery is
     /// handed back to the broker.
-    pub fn token(&self) -> &CancellationToken {
+    ///
+    /// It is a view: a handler can wait on it but not cancel it (see
+    /// [`Cancellation::child_token`] for a token of your own).
+    pub fn token(&self) -> &Cancellation {
         &self.token
     }
-    /// Replaces the cancellation token (the cancellation layer gives each
-    /// request a child token of the consumer's).
-    pub fn set_token(&mut self, token: CancellationToken) {
+    /// Replaces the cancellation (the cancellation layer sets its own).
+    pub fn set_token(&mut self, token: Cancellation) {
         self.token = token;
+    }
+    /// Whether the channel this delivery came on is gone: the broker has
+    /// taken it back and will redeliver it, so nothing decided about this
+    /// copy may be carried out (no publish, no in-process retry).
+    pub fn is_orphaned(&self) -> bool {
+        self.lifeline.is_lost()
+    }
+    /// The delivery's [`Lifeline`].
+    pub fn lifeline(&self) -> &Lifeline {
+        &self.lifeline
+    }
+    /// Replaces the lifeline (a transport sets its generation's).
+    pub fn set_lifeline(&mut self, lifeline: Lifeline) {
+        self.lifeline = lifeline;
     }
     /// User extensions.
     pub fn extensions(&self) -> &Extensions {

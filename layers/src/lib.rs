@@ -72,6 +72,7 @@ mod delivery;
 mod error;
 pub mod headers;
 pub mod in_flight;
+mod lifeline;
 pub mod outcome;
 pub mod pause;
 mod publish;
@@ -89,6 +90,7 @@ pub use error::{
 };
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use lifeline::{Cancellation, Lifeline};
 pub use outcome::{IntoOutcome, Outcome};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};

@@ -53,6 +53,15 @@ pub enum PublishError {
         /// The queue the copy was addressed to.
         queue: String,
     },
+    /// The broker is refusing publishes for now (a resource alarm blocked
+    /// the connection); nothing was sent.
+    #[error("publish to {queue:?} not sent: {message}")]
+    Blocked {
+        /// The queue the copy was addressed to.
+        queue: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// The channel or connection is gone, or another transport failure.
     #[error("publish to {queue:?} failed: {message}")]
     Transport {

@@ -52,7 +52,7 @@ async fn a_handler_error_without_cancellation_is_an_error() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn each_delivery_gets_a_child_of_the_root_token() {
+async fn each_delivery_sees_the_roots_cancellation_as_a_view_it_cannot_cancel() {
     let root = CancellationToken::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let mut svc = Cancel::new(
@@ -68,14 +68,17 @@ async fn each_delivery_gets_a_child_of_the_root_token() {
     svc.ready().await.unwrap().call(delivery()).await.unwrap();
     let (first, second) = (rx.recv().unwrap(), rx.recv().unwrap());
 
-    // Cancelling a child reaches nothing above it nor beside it.
-    first.cancel();
+    // A token of the handler's own reaches nothing above it nor beside it.
+    first.child_token().cancel();
     assert!(!root.is_cancelled());
+    assert!(!first.is_cancelled());
     assert!(!second.is_cancelled());
-    assert!(!given.is_cancelled(), "the builder's token was replaced");
-    // Cancelling the root reaches every child.
+    // The builder's token was replaced by the layer's.
+    given.cancel();
+    assert!(!first.is_cancelled(), "the builder's token was replaced");
+    // Cancelling the root reaches every delivery.
     root.cancel();
-    assert!(second.is_cancelled());
+    assert!(first.is_cancelled() && second.is_cancelled());
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -104,15 +107,19 @@ async fn cancelling_the_root_reaches_every_running_handler() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn cancelling_one_deliverys_token_leaves_the_others_running() {
+async fn a_handlers_own_child_token_stops_only_its_own_work() {
     let root = CancellationToken::new();
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let seen = tokens.clone();
     let mut svc = ServiceBuilder::new()
         .layer(CancelLayer::new(root.clone()))
         .service_fn(move |d: Delivery| {
-            seen.lock().unwrap().push(d.token().clone());
-            listening(d)
+            let mine = d.token().child_token();
+            seen.lock().unwrap().push(mine.clone());
+            async move {
+                mine.cancelled().await;
+                Err::<(), _>(std::io::Error::other("stopped by itself"))
+            }
         });
     let first = tokio::spawn(svc.ready().await.unwrap().call(delivery()));
     let second = tokio::spawn(svc.ready().await.unwrap().call(delivery()));
@@ -120,11 +127,11 @@ async fn cancelling_one_deliverys_token_leaves_the_others_running() {
 
     let first_token = tokens.lock().unwrap()[0].clone();
     first_token.cancel();
-    assert_eq!(first.await.unwrap().unwrap(), Decision::HandBack);
+    // Its own cancellation is a failure of its own, not the drain's.
+    assert!(first.await.unwrap().is_err());
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(!second.is_finished(), "the other handler runs on");
     assert!(!root.is_cancelled());
-    assert!(!tokens.lock().unwrap()[1].is_cancelled());
 
     root.cancel();
     assert_eq!(second.await.unwrap().unwrap(), Decision::HandBack);

@@ -9,6 +9,7 @@ mod bad_input;
 mod config_load;
 mod dead_letter;
 mod drain;
+mod faults;
 mod process;
 mod proxy;
 mod reliability;

@@ -7,11 +7,20 @@
 //! bound, so the port never changes and a refused connection is closed as
 //! soon as it is accepted. Only the connections through this proxy are
 //! touched: other tests' connections to the broker never notice.
+//!
+//! [`Proxy::stall`] stops forwarding in both directions without closing
+//! anything (a network that silently drops packets, or a broker that stopped
+//! answering): every request through it hangs until a cut.
+//! [`Proxy::upstream_ports`] names the local ports of the proxy's
+//! connections to the broker (the `peer_port` that `rabbitmqctl
+//! list_connections` shows for them), so a test can find its own
+//! connections in the broker's list.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,12 +32,14 @@ use tokio::task::JoinHandle;
 struct State {
     open: bool,
     cuts: u64,
+    stalled: bool,
 }
 
 pub struct Proxy {
     addr: SocketAddr,
     state: watch::Sender<State>,
     accepted: Arc<AtomicUsize>,
+    upstream_ports: Arc<Mutex<Vec<u16>>>,
     accept_loop: JoinHandle<()>,
 }
 
@@ -46,13 +57,22 @@ impl Proxy {
         let (state, _) = watch::channel(State {
             open: true,
             cuts: 0,
+            stalled: false,
         });
         let accepted = Arc::new(AtomicUsize::new(0));
-        let accept_loop = tokio::spawn(accept(listener, upstream, state.clone(), accepted.clone()));
+        let upstream_ports = Arc::new(Mutex::new(Vec::new()));
+        let accept_loop = tokio::spawn(accept(
+            listener,
+            upstream,
+            state.clone(),
+            accepted.clone(),
+            upstream_ports.clone(),
+        ));
         Proxy {
             addr,
             state,
             accepted,
+            upstream_ports,
             accept_loop,
         }
     }
@@ -82,6 +102,18 @@ impl Proxy {
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
+
+    /// Stops forwarding bytes, both ways, on every live and new connection,
+    /// without closing any: whatever is sent through the proxy hangs.
+    pub fn stall(&self) {
+        self.state.send_modify(|s| s.stalled = true);
+    }
+
+    /// The local ports of the proxy's connections to the broker so far: the
+    /// `peer_port` the broker lists for each connection made through it.
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.upstream_ports.lock().unwrap().clone()
+    }
 }
 
 impl Drop for Proxy {
@@ -96,6 +128,7 @@ async fn accept(
     upstream: String,
     state: watch::Sender<State>,
     accepted: Arc<AtomicUsize>,
+    upstream_ports: Arc<Mutex<Vec<u16>>>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -110,25 +143,65 @@ async fn accept(
         }
         let rx = state.subscribe();
         let upstream = upstream.clone();
-        tokio::spawn(forward(client, upstream, rx, now.cuts));
+        tokio::spawn(forward(
+            client,
+            upstream,
+            rx,
+            now.cuts,
+            upstream_ports.clone(),
+        ));
     }
 }
 
 /// Copies both ways until either side closes or the proxy is cut; then both
-/// sockets are dropped.
+/// sockets are dropped. While the proxy is stalled, nothing is read or
+/// written (the sockets stay open).
 async fn forward(
-    mut client: TcpStream,
+    client: TcpStream,
     upstream: String,
-    mut state: watch::Receiver<State>,
+    state: watch::Receiver<State>,
     cuts: u64,
+    upstream_ports: Arc<Mutex<Vec<u16>>>,
 ) {
-    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+    let Ok(server) = TcpStream::connect(&upstream).await else {
         return;
     };
+    if let Ok(local) = server.local_addr() {
+        upstream_ports.lock().unwrap().push(local.port());
+    }
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let mut cut = state.clone();
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-        _ = state.wait_for(|s| s.cuts != cuts) => {}
+        () = pump(client_read, server_write, state.clone()) => {}
+        () = pump(server_read, client_write, state) => {}
+        _ = cut.wait_for(|s| s.cuts != cuts) => {}
+    }
+}
+
+/// Copies `from` to `to` until either ends, never while the proxy is stalled.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut state: watch::Receiver<State>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if state.wait_for(|s| !s.stalled).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes read just before a stall are held until it ends.
+        if state.wait_for(|s| !s.stalled).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::{BoxError, Decision};
+use crate::lifeline::Cancellation;
 use crate::{HandlerPanic, IntoOutcome};
 
 pin_project! {
@@ -29,7 +30,7 @@ pin_project! {
         handler: Handler<F>,
         #[pin]
         watch: Watch,
-        child: CancellationToken,
+        child: Cancellation,
         abandon_after: Duration,
         attempt: u32,
     }
@@ -68,12 +69,7 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(
-        fut: F,
-        child: CancellationToken,
-        abandon_after: Duration,
-        attempt: u32,
-    ) -> Self {
+    pub(crate) fn new(fut: F, child: Cancellation, abandon_after: Duration, attempt: u32) -> Self {
         ResponseFuture {
             handler: Handler::Running { fut },
             watch: Watch::Idle,
@@ -85,7 +81,7 @@ impl<F> ResponseFuture<F> {
 
     pub(crate) fn panicked(
         payload: &(dyn Any + Send),
-        child: CancellationToken,
+        child: Cancellation,
         abandon_after: Duration,
     ) -> Self {
         ResponseFuture {
@@ -145,7 +141,7 @@ where
         loop {
             match this.watch.as_mut().project() {
                 WatchProj::Idle => {
-                    let cancelled = this.child.clone().cancelled_owned();
+                    let cancelled = this.child.cancelled_owned();
                     this.watch.set(Watch::Token { cancelled });
                 }
                 WatchProj::Token { cancelled } => {

@@ -1,6 +1,5 @@
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -9,9 +8,10 @@ use tower::Service;
 
 use super::future::ResponseFuture;
 use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
+use crate::lifeline::Cancellation;
 use crate::IntoOutcome;
 
-/// Runs `S` with a child token per request, a caught panic and abandonment;
+/// Runs `S` with the root's cancellation for every request, a caught panic and abandonment;
 /// see the [module docs](super).
 ///
 /// # Clone
@@ -21,25 +21,19 @@ use crate::IntoOutcome;
 #[derive(Clone)]
 pub struct Cancel<S> {
     inner: S,
-    root: CancellationToken,
-    // A child of `root` that lives as long as this service and its clones.
-    // tokio-util frees a token's list of children when the last child is
-    // dropped; this one keeps the list alive, so a request's child token
-    // costs one allocation (its node), not two (node and list). Shared by
-    // an `Arc` so cloning the service (the retry layer does, per request)
-    // takes no lock.
-    _keep: Arc<CancellationToken>,
+    // The view every request gets: cloning it is one atomic increment, so
+    // a request costs no allocation and no lock here.
+    view: Cancellation,
     abandon_after: Duration,
 }
 
 impl<S> Cancel<S> {
-    /// Wraps `inner`, giving each request a child of `root`; abandons after
+    /// Wraps `inner`, giving each request a view of `root`; abandons after
     /// [`DEFAULT_ABANDON_AFTER`].
     pub fn new(inner: S, root: CancellationToken) -> Self {
         Cancel {
             inner,
-            _keep: Arc::new(root.child_token()),
-            root,
+            view: Cancellation::new(root),
             abandon_after: DEFAULT_ABANDON_AFTER,
         }
     }
@@ -87,13 +81,13 @@ where
     }
 
     fn call(&mut self, mut req: Delivery) -> Self::Future {
-        let child = self.root.child_token();
+        let token = self.view.clone();
         let attempt = req.attempt();
-        req.set_token(child.clone());
+        req.set_token(token.clone());
         // A handler may panic before it returns its future, too.
         match panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(fut) => ResponseFuture::new(fut, child, self.abandon_after, attempt),
-            Err(payload) => ResponseFuture::panicked(&*payload, child, self.abandon_after),
+            Ok(fut) => ResponseFuture::new(fut, token, self.abandon_after, attempt),
+            Err(payload) => ResponseFuture::panicked(&*payload, token, self.abandon_after),
         }
     }
 }
@@ -102,7 +96,7 @@ impl<S: fmt::Debug> fmt::Debug for Cancel<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cancel")
             .field("inner", &self.inner)
-            .field("root", &self.root)
+            .field("token", &self.view)
             .field("abandon_after", &self.abandon_after)
             .finish()
     }

@@ -125,6 +125,16 @@ async fn publish<P: Publish, C>(
     config: Arc<Config<P, C>>,
     mut decision: DeadLetterDecision,
 ) -> Decision {
+    if delivery.is_orphaned() {
+        // The broker took the delivery back with its channel and will
+        // redeliver it: a copy now would be a second lineage.
+        tracing::debug!(
+            queue = %delivery.queue(),
+            reason = %decision.reason,
+            "not dead-lettering an orphaned delivery (its channel is gone; the broker redelivers it)"
+        );
+        return Decision::HandBack;
+    }
     truncate(&mut decision.error, MAX_ERROR_LEN);
     let dlq = format!("{}.dlq", delivery.queue());
     let headers = headers(&delivery, &decision);

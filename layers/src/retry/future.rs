@@ -153,6 +153,9 @@ where
 {
     let policy = &config.policy;
     loop {
+        if delivery.is_orphaned() {
+            return Ok(orphaned(&delivery));
+        }
         let attempt = delivery.attempt();
         let reason = match config.classifier.classify(&*error) {
             Class::Panic if !policy.retry_panics => Some(Reason::Panic),
@@ -228,12 +231,15 @@ where
         let drained = {
             let _guard = config.shared.wait_guard();
             let sleep = pin!(tokio::time::sleep(wait));
-            let cancelled = pin!(config.draining.cancelled());
-            matches!(
-                futures::future::select(sleep, cancelled).await,
-                Either::Right(_)
-            )
+            let lifeline = delivery.lifeline().clone();
+            let draining = pin!(config.draining.cancelled());
+            let lost = pin!(lifeline.lost());
+            let stop = futures::future::select(draining, lost);
+            matches!(futures::future::select(sleep, stop).await, Either::Right(_))
         };
+        if delivery.is_orphaned() {
+            return Ok(orphaned(&delivery));
+        }
         if drained {
             if rung_missing {
                 tracing::debug!(
@@ -288,6 +294,17 @@ async fn leave_for_drain<P: Publish, C>(
             Decision::HandBack
         }
     }
+}
+
+/// The delivery's channel is gone: the broker redelivers it, so this copy
+/// neither waits nor publishes any more.
+fn orphaned(delivery: &Delivery) -> Decision {
+    tracing::debug!(
+        queue = %delivery.queue(),
+        attempt = delivery.attempt(),
+        "not retrying an orphaned delivery (its channel is gone; the broker redelivers it)"
+    );
+    Decision::HandBack
 }
 
 /// Publishes a copy with the original headers and `x-acemq-attempt = next`.

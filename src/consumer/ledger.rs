@@ -1,0 +1,431 @@
+//! The settle ledger: the only path by which a generation's deliveries are
+//! settled, coalescing acknowledgements while each delivery keeps its own
+//! outcome.
+//!
+//! The loop records every delivery tag as it arrives and every outcome as
+//! its handler finishes. The ledger sends one `basic.ack` with `multiple`
+//! for the longest contiguous run of acknowledged tags from the lowest
+//! unsettled one; a nack (hand back) or reject in the run's way goes out on
+//! its own, at its turn, after the run before it. Acknowledged tags held
+//! above a lower tag that is not settled yet (a long handler, an in-process
+//! wait, an abandoned handler) go out singly once the time bound passes, so
+//! they never stall the window. Every tag is settled exactly once.
+//!
+//! This is Bloomberg rmqcpp's `MultipleAckHandler` model: runs are
+//! coalesced, outcomes are not merged.
+//!
+//! Rules that keep settle-once (facts of lapin 4.12.3 and RabbitMQ 3.10):
+//! a `multiple` ack covers every unacknowledged tag up to its own, so it is
+//! only sent when every tag it covers is decided `ack` or already settled;
+//! nothing here ever sends tag 0 with `multiple` (lapin would drop its own
+//! buffer); and lapin's `Acker`s are never used, since a `multiple` ack does
+//! not poison the ones it covers.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// What the ledger asks the loop to send, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `basic.ack` of one tag.
+    Ack(u64),
+    /// `basic.ack` with `multiple`: every unacknowledged tag up to this one.
+    AckUpTo(u64),
+    /// `basic.nack` with `requeue`: hand back.
+    Requeue(u64),
+    /// `basic.reject` without requeue: to the queue's dead-letter exchange.
+    Reject(u64),
+}
+
+/// One delivery's state in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    /// Received; no outcome yet (handler running, waiting, or buffered).
+    Pending,
+    /// Decided, not sent yet.
+    Ack,
+    Requeue,
+    Reject,
+    /// Never settled by this process (an abandoned handler): the channel's
+    /// close returns it. Blocks every run that would cover it.
+    Never,
+    /// Sent.
+    Settled,
+}
+
+/// The bounds of coalescing for one queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    /// Flush a run when it reaches this many tags; `0` turns coalescing off
+    /// (every outcome is sent on its own at once).
+    pub(crate) count: usize,
+    /// Flush whatever is held once the oldest held outcome is this old.
+    pub(crate) delay: Duration,
+}
+
+/// A generation's ledger (one channel: a reconnect starts a new one).
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    bounds: Bounds,
+    /// The tag of `entries[0]`.
+    base: u64,
+    entries: VecDeque<Entry>,
+    /// Decided outcomes not sent yet.
+    held: usize,
+}
+
+impl Ledger {
+    pub(crate) fn new(bounds: Bounds) -> Self {
+        Ledger {
+            bounds,
+            base: 1,
+            entries: VecDeque::new(),
+            held: 0,
+        }
+    }
+
+    /// Whether outcomes are held at all.
+    pub(crate) fn coalescing(&self) -> bool {
+        self.bounds.count > 0
+    }
+
+    pub(crate) fn delay(&self) -> Duration {
+        self.bounds.delay
+    }
+
+    /// Outcomes decided and not sent yet.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// A delivery arrived with `tag`. Tags on one channel count up from 1;
+    /// a gap (never seen from RabbitMQ) is filled with tags this ledger
+    /// will not settle.
+    pub(crate) fn receive(&mut self, tag: u64) {
+        if !self.coalescing() {
+            return;
+        }
+        if self.entries.is_empty() && tag >= self.base {
+            self.base = tag;
+        }
+        let next = self.base + self.entries.len() as u64;
+        if tag < next {
+            // Out of order (not seen from RabbitMQ): keep it out of every run.
+            return;
+        }
+        for _ in next..tag {
+            self.entries.push_back(Entry::Settled);
+        }
+        self.entries.push_back(Entry::Pending);
+    }
+
+    /// Records the outcome of `tag`. With coalescing off, the op to send
+    /// now is pushed to `out`.
+    pub(crate) fn record(&mut self, tag: u64, outcome: Outcome, out: &mut Vec<Op>) {
+        if !self.coalescing() {
+            match outcome {
+                Outcome::Ack => out.push(Op::Ack(tag)),
+                Outcome::Requeue => out.push(Op::Requeue(tag)),
+                Outcome::Reject => out.push(Op::Reject(tag)),
+                Outcome::Never => {}
+            }
+            return;
+        }
+        let Some(i) = tag.checked_sub(self.base).map(|i| i as usize) else {
+            // Below the window: settled already. Never settle twice.
+            return;
+        };
+        match self.entries.get_mut(i) {
+            Some(e @ Entry::Pending) => {
+                *e = match outcome {
+                    Outcome::Ack => Entry::Ack,
+                    Outcome::Requeue => Entry::Requeue,
+                    Outcome::Reject => Entry::Reject,
+                    Outcome::Never => Entry::Never,
+                };
+                if outcome != Outcome::Never {
+                    self.held += 1;
+                }
+            }
+            // Already decided or never received: never settle twice.
+            _ => {}
+        }
+    }
+
+    /// Sends what the bounds allow: runs from the front that reached the
+    /// count, and the nacks/rejects at the front. With `force` (the time
+    /// bound passed, the loop is idle, or a cancel, close or drain step is
+    /// next) everything decided goes out: the run as one `multiple` ack,
+    /// and outcomes stuck above an unsettled tag singly.
+    pub(crate) fn flush(&mut self, force: bool, out: &mut Vec<Op>) {
+        if !self.coalescing() || self.held == 0 {
+            return;
+        }
+        // The contiguous front.
+        let mut run_end: Option<u64> = None;
+        let mut run_len = 0usize;
+        let mut i = 0usize;
+        while i < self.entries.len() {
+            let tag = self.base + i as u64;
+            match self.entries[i] {
+                Entry::Settled => {}
+                Entry::Ack => {
+                    run_end = Some(tag);
+                    run_len += 1;
+                    if run_len >= self.bounds.count {
+                        self.send_run(run_end.take(), run_len, out);
+                        run_len = 0;
+                    }
+                }
+                Entry::Requeue | Entry::Reject => {
+                    // Its turn: the run before it first, then it alone.
+                    self.send_run(run_end.take(), run_len, out);
+                    run_len = 0;
+                    let e = self.entries[i];
+                    out.push(if e == Entry::Requeue {
+                        Op::Requeue(tag)
+                    } else {
+                        Op::Reject(tag)
+                    });
+                    self.entries[i] = Entry::Settled;
+                    self.held -= 1;
+                }
+                Entry::Pending | Entry::Never => break,
+            }
+            i += 1;
+        }
+        if force {
+            self.send_run(run_end.take(), run_len, out);
+            // Stuck above the first unsettled tag: singly.
+            for j in i..self.entries.len() {
+                let tag = self.base + j as u64;
+                let op = match self.entries[j] {
+                    Entry::Ack => Op::Ack(tag),
+                    Entry::Requeue => Op::Requeue(tag),
+                    Entry::Reject => Op::Reject(tag),
+                    _ => continue,
+                };
+                out.push(op);
+                self.entries[j] = Entry::Settled;
+                self.held -= 1;
+            }
+        }
+        self.compact();
+    }
+
+    /// Sends the run ending at `end` (of `len` acked tags): one `multiple`
+    /// ack, or a single ack when it is one tag.
+    fn send_run(&mut self, end: Option<u64>, len: usize, out: &mut Vec<Op>) {
+        let Some(end) = end else { return };
+        if len == 0 {
+            return;
+        }
+        out.push(if len == 1 {
+            Op::Ack(end)
+        } else {
+            Op::AckUpTo(end)
+        });
+        let upto = (end - self.base) as usize;
+        for e in self.entries.iter_mut().take(upto + 1) {
+            if *e == Entry::Ack {
+                *e = Entry::Settled;
+                self.held -= 1;
+            }
+        }
+    }
+
+    /// Drops settled tags from the front.
+    fn compact(&mut self) {
+        while self.entries.front() == Some(&Entry::Settled) {
+            self.entries.pop_front();
+            self.base += 1;
+        }
+    }
+}
+
+/// A delivery's settle, as the ledger sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Ack,
+    Requeue,
+    Reject,
+    /// Not settled by this process (abandoned).
+    Never,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(count: usize) -> Ledger {
+        Ledger::new(Bounds {
+            count,
+            delay: Duration::from_millis(2),
+        })
+    }
+
+    fn run(l: &mut Ledger, events: &[(u64, Outcome)]) -> Vec<Op> {
+        let mut out = Vec::new();
+        for &(t, o) in events {
+            l.record(t, o, &mut out);
+            l.flush(false, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn a_contiguous_run_goes_out_as_one_multiple_ack_at_the_count() {
+        let mut l = ledger(4);
+        (1..=8).for_each(|t| l.receive(t));
+        let out = run(
+            &mut l,
+            &(1..=8).map(|t| (t, Outcome::Ack)).collect::<Vec<_>>(),
+        );
+        assert_eq!(out, vec![Op::AckUpTo(4), Op::AckUpTo(8)]);
+        assert_eq!(l.held(), 0);
+    }
+
+    #[test]
+    fn a_nack_in_the_middle_goes_out_alone_at_its_turn_after_the_run_before_it() {
+        let mut l = ledger(10);
+        (1..=5).for_each(|t| l.receive(t));
+        let mut out = run(
+            &mut l,
+            &[
+                (1, Outcome::Ack),
+                (2, Outcome::Ack),
+                (3, Outcome::Requeue),
+                (4, Outcome::Ack),
+                (5, Outcome::Reject),
+            ],
+        );
+        l.flush(true, &mut out);
+        assert_eq!(
+            out,
+            vec![Op::AckUpTo(2), Op::Requeue(3), Op::Ack(4), Op::Reject(5)]
+        );
+    }
+
+    #[test]
+    fn acks_above_a_pending_tag_wait_for_the_bound_then_go_out_singly() {
+        let mut l = ledger(2);
+        (1..=4).for_each(|t| l.receive(t));
+        let mut out = run(
+            &mut l,
+            &[(2, Outcome::Ack), (3, Outcome::Ack), (4, Outcome::Ack)],
+        );
+        assert!(out.is_empty(), "nothing may cover pending tag 1: {out:?}");
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::Ack(2), Op::Ack(3), Op::Ack(4)]);
+        // Tag 1 finishes later: it goes alone, and nothing is sent twice.
+        let mut out = Vec::new();
+        l.record(1, Outcome::Ack, &mut out);
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::Ack(1)]);
+        assert_eq!(l.held(), 0);
+    }
+
+    #[test]
+    fn an_abandoned_tag_is_never_covered_by_a_multiple_ack() {
+        let mut l = ledger(2);
+        (1..=3).for_each(|t| l.receive(t));
+        let mut out = run(
+            &mut l,
+            &[(1, Outcome::Never), (2, Outcome::Ack), (3, Outcome::Ack)],
+        );
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::Ack(2), Op::Ack(3)]);
+    }
+
+    #[test]
+    fn a_second_outcome_for_a_tag_is_ignored() {
+        let mut l = ledger(8);
+        l.receive(1);
+        let mut out = Vec::new();
+        l.record(1, Outcome::Ack, &mut out);
+        l.record(1, Outcome::Reject, &mut out);
+        l.flush(true, &mut out);
+        l.record(1, Outcome::Ack, &mut out);
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::Ack(1)]);
+    }
+
+    #[test]
+    fn coalescing_off_sends_each_outcome_at_once() {
+        let mut l = ledger(0);
+        l.receive(1);
+        l.receive(2);
+        let out = run(&mut l, &[(2, Outcome::Ack), (1, Outcome::Requeue)]);
+        assert_eq!(out, vec![Op::Ack(2), Op::Requeue(1)]);
+    }
+
+    #[test]
+    fn no_op_ever_names_tag_zero_and_every_tag_is_settled_once() {
+        // Random-ish orders over 200 tags, with forced flushes in between.
+        for seed in 0..50u64 {
+            let mut l = ledger(1 + (seed as usize % 7));
+            let n = 200u64;
+            (1..=n).for_each(|t| l.receive(t));
+            let mut order: Vec<u64> = (1..=n).collect();
+            let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            for i in (1..order.len()).rev() {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                order.swap(i, (x >> 33) as usize % (i + 1));
+            }
+            // What the broker would see: a tag is settled once, and a
+            // multiple ack may only cover tags decided `ack` (or settled).
+            let mut decided = vec![None; n as usize + 1];
+            let mut settled = vec![0u32; n as usize + 1];
+            let mut check = |ops: &mut Vec<Op>, decided: &[Option<Outcome>]| {
+                for op in ops.drain(..) {
+                    match op {
+                        Op::AckUpTo(t) => {
+                            assert!(t > 0, "seed {seed}: multiple with tag 0");
+                            for u in 1..=t as usize {
+                                if settled[u] == 0 {
+                                    assert_eq!(
+                                        decided[u],
+                                        Some(Outcome::Ack),
+                                        "seed {seed}: multiple ack to {t} covers tag {u}"
+                                    );
+                                    settled[u] = 1;
+                                }
+                            }
+                        }
+                        Op::Ack(t) | Op::Requeue(t) | Op::Reject(t) => {
+                            assert!(t > 0);
+                            let want = match op {
+                                Op::Ack(_) => Outcome::Ack,
+                                Op::Requeue(_) => Outcome::Requeue,
+                                _ => Outcome::Reject,
+                            };
+                            assert_eq!(decided[t as usize], Some(want), "seed {seed}: tag {t}");
+                            settled[t as usize] += 1;
+                        }
+                    }
+                }
+            };
+            let mut out = Vec::new();
+            for (k, t) in order.iter().enumerate() {
+                let o = match t % 11 {
+                    0 => Outcome::Requeue,
+                    1 => Outcome::Reject,
+                    _ => Outcome::Ack,
+                };
+                decided[*t as usize] = Some(o);
+                l.record(*t, o, &mut out);
+                l.flush(k % 13 == 0, &mut out);
+                check(&mut out, &decided);
+            }
+            l.flush(true, &mut out);
+            check(&mut out, &decided);
+            assert!(
+                settled[1..].iter().all(|&c| c == 1),
+                "seed {seed}: {settled:?}"
+            );
+            assert_eq!(l.held(), 0);
+        }
+    }
+}
