@@ -304,8 +304,8 @@ async fn main() -> ExitCode {
     }
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.
-    let signals = acemq::app::Signals::install();
-    let running = match app.start().await {
+    let mut signals = acemq::app::Signals::install();
+    let running = match app.start_until(signals.stop()).await {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };

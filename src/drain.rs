@@ -241,14 +241,20 @@ impl fmt::Display for DrainTimeout {
             .iter()
             .map(|(q, n)| format!("{q}: {n} in flight"))
             .collect();
+        let running = if queues.is_empty() {
+            "before the drain finished".to_owned()
+        } else {
+            format!("with handlers still running ({})", queues.join(", "))
+        };
         match self.kind {
             DeadlineKind::ShutdownTimeout => write!(
                 f,
-                "drain deadline expired: shutdown_timeout ({:.1} s) passed with handlers still running ({})",
+                "drain deadline expired: shutdown_timeout ({:.1} s) passed {running}",
                 self.shutdown_timeout.as_secs_f64(),
-                queues.join(", ")
             )?,
-            DeadlineKind::SecondSignal => write!(f, "drain cut short by a second stop signal with handlers still running ({})", queues.join(", "))?,
+            DeadlineKind::SecondSignal => {
+                write!(f, "drain cut short by a second stop signal {running}")?
+            }
         }
         if !self.waiting.is_empty() {
             write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
@@ -309,17 +315,33 @@ impl Drain {
         };
         // 2. Stop intake everywhere at once: the loops start no new handler
         // (`hand_back`) and flush what they hold; the broker stops sending.
-        let cancels = join_all(queues.iter().map(|q| async move {
-            if q.channel.status().connected() {
-                if let Err(e) = q.channel.basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default()).await {
-                    warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
+        let unanswered: Mutex<Vec<String>> = Mutex::new(Vec::new());
+        let cancels = join_all(queues.iter().map(|q| {
+            let unanswered = &unanswered;
+            async move {
+                if !q.channel.status().connected() {
+                    return;
+                }
+                let cancel = q
+                    .channel
+                    .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
+                match tokio::time::timeout_at(deadline, cancel).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer")
+                    }
+                    Err(_) => unanswered
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!("{}: the broker never answered basic.cancel", q.name)),
                 }
             }
         }));
         tokio::select! {
-            _ = tokio::time::timeout_at(deadline, cancels) => {}
+            _ = cancels => {}
             () = &mut hurry => hurried = true,
         }
+        let unanswered = unanswered.into_inner().unwrap_or_else(|p| p.into_inner());
         // Only now may anything be handed back or moved: a delivery requeued
         // while its consumer was still registered would be sent straight
         // back to it. In-process retry waits move to their rungs; a paused
@@ -338,6 +360,8 @@ impl Drain {
         self.tracker.close();
         let ended = if hurried {
             Some(DeadlineKind::SecondSignal)
+        } else if !unanswered.is_empty() {
+            Some(DeadlineKind::ShutdownTimeout)
         } else {
             tokio::select! {
                 () = self.tracker.wait() => None,
@@ -357,7 +381,8 @@ impl Drain {
             // What else the drain was waiting for: loops with nothing in
             // flight that had not finished (settles or a buffer stuck on a
             // channel that does not answer).
-            let waiting: Vec<String> = queues
+            let mut waiting = unanswered.clone();
+            waiting.extend(queues
                 .iter()
                 .filter_map(|q| {
                     let loops = q.stats.loops.load(Ordering::Relaxed);
@@ -369,8 +394,7 @@ impl Drain {
                             q.name
                         )
                     })
-                })
-                .collect();
+                }));
             warn!(
                 ?kind,
                 "drain deadline reached with {} handler(s) in flight; cancelling their tokens, abandoning any still running after {:?}",

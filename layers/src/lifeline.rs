@@ -14,6 +14,26 @@ use tokio_util::sync::{
 /// and the transport, when the delivery's channel is lost, do).
 ///
 /// Cloning it is one atomic increment: no lock, no allocation.
+///
+/// A handler cannot cancel it — so it cannot get its own delivery abandoned
+/// and left unsettled on a live channel:
+///
+/// ```compile_fail
+/// # use acemq_layers::Delivery;
+/// let d = Delivery::builder().build();
+/// d.token().cancel(); // no such method: the view only waits
+/// ```
+///
+/// ```
+/// # use acemq_layers::Delivery;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let d = Delivery::builder().build();
+/// // Stop your own sub-tasks with a child of your own.
+/// let mine = d.token().child_token();
+/// mine.cancel();
+/// assert!(!d.token().is_cancelled());
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Cancellation {
     token: Arc<CancellationToken>,

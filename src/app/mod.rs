@@ -390,13 +390,7 @@ impl App {
         // Installed before connecting, so a signal during start-up is a
         // clean stop too.
         let mut signals = Signals::install();
-        let stop = async {
-            match signals.recv().await {
-                Some(sig) => sig,
-                None => std::future::pending().await,
-            }
-        };
-        let started = self.start_until(stop).await;
+        let started = self.start_until(signals.stop()).await;
         match started {
             Ok(running) => running.run_with(signals).await,
             Err(e) => start_failed(&e),

@@ -33,6 +33,20 @@ impl Signals {
     pub async fn recv(&mut self) -> Option<&'static str> {
         self.rx.recv().await
     }
+
+    /// The next stop signal's name; never resolves if the handlers could not
+    /// be installed. Made for [`App::start_until`](super::App::start_until):
+    /// `app.start_until(signals.stop())`.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe.
+    pub async fn stop(&mut self) -> &'static str {
+        match self.rx.recv().await {
+            Some(sig) => sig,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 fn spawn_listener(tx: mpsc::UnboundedSender<&'static str>) {

@@ -331,24 +331,41 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Opened) 
             stats.down.store(false, Ordering::Release);
         }
         info!(queue = %q.name, "consuming");
+        tokio::pin!(join);
         let why = tokio::select! {
-            why = ended => why.ok(),
-            res = join => match res {
-                Err(e) if e.is_panic() => {
-                    let msg = panic_message(&*e.into_panic());
-                    error!(queue = %q.name, "the consumer loop panicked ({msg}): its channel is closed so its deliveries go back to the broker, and the queue is consumed again after a backoff; readiness is off meanwhile");
-                    stats.down.store(true, Ordering::Release);
-                    recovered(&q.name, "panic");
-                    if channel.status().connected() {
-                        let _ = tokio::time::timeout(Duration::from_secs(2), channel.close(200, "consumer loop panicked".into())).await;
+            why = ended => why.map_err(|_| None),
+            res = &mut join => Err(Some(res)),
+        };
+        let why = match why {
+            Ok(why) => Some(why),
+            Err(res) => {
+                // Without a word from the loop: it ended (a panic unwinding
+                // drops its sender first). Its result says how.
+                let res = match res {
+                    Some(r) => r,
+                    None => join.await,
+                };
+                match res {
+                    Err(e) if e.is_panic() => {
+                        let msg = panic_message(&*e.into_panic());
+                        error!(queue = %q.name, "the consumer loop panicked ({msg}): its channel is closed so its deliveries go back to the broker, and the queue is consumed again after a backoff; readiness is off meanwhile");
+                        stats.down.store(true, Ordering::Release);
+                        recovered(&q.name, "panic");
+                        if channel.status().connected() {
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(2),
+                                channel.close(200, "consumer loop panicked".into()),
+                            )
+                            .await;
+                        }
+                        if !sleep_or_stop(&shared, backoff.next_delay()).await {
+                            return;
+                        }
+                        continue;
                     }
-                    if !sleep_or_stop(&shared, backoff.next_delay()).await {
-                        return;
-                    }
-                    continue;
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
         };
         if started.elapsed() > BACKOFF_MAX * 3 {
             backoff.reset();

@@ -135,20 +135,17 @@ impl Ledger {
             // Below the window: settled already. Never settle twice.
             return;
         };
-        match self.entries.get_mut(i) {
-            Some(e @ Entry::Pending) => {
-                *e = match outcome {
-                    Outcome::Ack => Entry::Ack,
-                    Outcome::Requeue => Entry::Requeue,
-                    Outcome::Reject => Entry::Reject,
-                    Outcome::Never => Entry::Never,
-                };
-                if outcome != Outcome::Never {
-                    self.held += 1;
-                }
+        // Already decided, or never received: never settle twice.
+        if let Some(e @ Entry::Pending) = self.entries.get_mut(i) {
+            *e = match outcome {
+                Outcome::Ack => Entry::Ack,
+                Outcome::Requeue => Entry::Requeue,
+                Outcome::Reject => Entry::Reject,
+                Outcome::Never => Entry::Never,
+            };
+            if outcome != Outcome::Never {
+                self.held += 1;
             }
-            // Already decided or never received: never settle twice.
-            _ => {}
         }
     }
 

@@ -429,6 +429,10 @@ where
                     st.cancel_answered = true;
                     st.force_flush = true;
                     progressed = true;
+                    // What the broker had sent ahead and is still here.
+                    st.stats
+                        .buffered_after_cancel
+                        .fetch_add(st.buffer.len(), Ordering::Relaxed);
                 }
                 // Intake: read eagerly, so a lost channel is seen at once.
                 while st.reading {

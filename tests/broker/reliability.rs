@@ -19,8 +19,8 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use crate::proxy::Proxy;
 use crate::support::{
-    all_queues, eventually, message_headers, start_consuming, thread_cpu_time, unique, Broker,
-    CapturedLogs, QueueCleanup, ShopProcess, TestHandler,
+    all_queues, eventually, message_headers, queue_counts, start_consuming, thread_cpu_time,
+    unique, Broker, CapturedLogs, QueueCleanup, ShopProcess, TestHandler,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -125,6 +125,16 @@ async fn a_lost_connection_turns_readiness_off_and_after_it_returns_the_topology
     assert!(
         eventually(SECS(10), || async { seen.saw(b"before") }).await,
         "handled before the outage"
+    );
+    // And settled: an acknowledgement still on its way when the connection
+    // drops is lost with it (a duplicate, counted in RELIABILITY.md), which
+    // is not what this test is about.
+    assert!(
+        eventually(SECS(10), || async {
+            queue_counts(&q).await == Some((0, 0))
+        })
+        .await,
+        "acknowledged before the outage"
     );
 
     cut_off(&proxy, &health).await;
@@ -367,7 +377,7 @@ async fn a_drain_that_starts_during_an_outage_ends_promptly_without_waiting_for_
 // current_thread: the runner's tasks log to this thread's subscriber and
 // run on this thread, so its CPU time is theirs.
 #[tokio::test(flavor = "current_thread")]
-async fn a_consumer_cancelled_by_the_broker_turns_readiness_off_logs_a_warning_and_does_not_spin() {
+async fn a_consumer_cancelled_by_the_broker_logs_a_warning_is_consumed_again_and_does_not_spin() {
     let logs = CapturedLogs::default();
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
@@ -388,13 +398,6 @@ async fn a_consumer_cancelled_by_the_broker_turns_readiness_off_logs_a_warning_a
 
     broker.delete(std::slice::from_ref(&q)).await;
     assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the broker cancels the consumer"
-    );
-    let snap = health.snapshot();
-    assert!(snap.connected, "the connection is still up: {snap:?}");
-    assert!(!snap.queues[0].consuming, "{snap:?}");
-    assert!(
         eventually(SECS(5), || async {
             logs.acemq_at_least(tracing::Level::WARN)
                 .iter()
@@ -404,26 +407,33 @@ async fn a_consumer_cancelled_by_the_broker_turns_readiness_off_logs_a_warning_a
         "a warning names the cancelled consumer: {:#?}",
         logs.events()
     );
+    // The queue is declared again and consumed again.
+    let deadline = Instant::now() + SECS(15);
+    while !(broker.consumers(&q).await == Some(1) && health.is_ready()) {
+        assert!(
+            Instant::now() < deadline,
+            "the queue is declared again and consumed: {:?}",
+            health.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    broker.publish(&q, b"after", FieldTable::default()).await;
+    assert!(
+        eventually(SECS(10), || async { seen.finished() == 2 }).await,
+        "a message published after the recovery is handled"
+    );
 
     // Nothing spins: over two seconds, the runner's thread stays idle.
     let cpu0 = thread_cpu_time();
     let wall0 = Instant::now();
     tokio::time::sleep(SECS(2)).await;
     let cpu = thread_cpu_time() - cpu0;
-    eprintln!(
-        "CPU over {:?} with the consumer cancelled: {cpu:?}",
-        wall0.elapsed()
-    );
+    eprintln!("CPU over {:?} after the recovery: {cpu:?}", wall0.elapsed());
     assert!(
         cpu < Duration::from_millis(500),
         "the runner's thread used {cpu:?} of CPU in 2 s"
     );
-    assert!(!health.is_ready(), "still not ready");
-    assert_eq!(
-        broker.consumers(&q).await,
-        None,
-        "nothing declared {q} again behind the operator's back"
-    );
+    assert!(health.is_ready(), "still ready");
 
     let t0 = Instant::now();
     let report = tokio::time::timeout(SECS(25), running.drain())
