@@ -488,3 +488,37 @@ async fn an_address_without_a_scheme_is_a_config_error_exiting_78() {
         assert!(err.to_string().contains("amqp://"), "{bad}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_queue_deleted_while_consumed_comes_back_bound_to_its_exchange() {
+    let q = unique("routing.rebind");
+    let x = unique("routing.rebind-x");
+    let _cleanup = (
+        QueueCleanup::new(vec![q.clone()]),
+        ExchangeCleanup(vec![x.clone()]),
+    );
+    let mut broker = Broker::new().await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let running = start_consuming(
+        topic_config(&x, &q, "orders.#"),
+        &q,
+        recorder(log.clone(), false),
+    )
+    .await;
+    broker.delete(std::slice::from_ref(&q)).await;
+    let mut back = false;
+    for _ in 0..400 {
+        if broker.consumers(&q).await == Some(1) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(MS(50)).await;
+    }
+    assert!(back, "declared again and consumed within 20 s");
+    publish_to(&mut broker, &x, "orders.new", BasicProperties::default()).await;
+    assert!(
+        eventually(Duration::from_secs(5), || async { log.lock().unwrap().len() == 1 }).await,
+        "routed through the exchange again: the binding came back with the queue"
+    );
+    running.drain().await.expect("clean drain");
+}
