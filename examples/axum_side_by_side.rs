@@ -94,10 +94,9 @@ async fn post_order(
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
+        }))
         .with_writer(std::io::stderr)
         .init();
     let mut http: SocketAddr = ([127, 0, 0, 1], 3000).into();

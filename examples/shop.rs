@@ -238,10 +238,9 @@ async fn readyz(health: Health) -> impl IntoResponse {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,acemq::consumer=warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
+        }))
         .with_writer(std::io::stderr)
         .init();
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.

@@ -255,6 +255,20 @@ impl AckBatch {
     }
 }
 
+impl RetriesConfig {
+    /// The config form of a policy given in code.
+    pub fn from_policy(p: &RetryPolicy) -> Self {
+        RetriesConfig {
+            max_attempts: p.max_attempts,
+            initial_delay: p.initial_delay,
+            max_delay: p.max_delay,
+            broker_wait_threshold: p.broker_wait_threshold,
+            jitter: p.jitter,
+            retry_panics: p.retry_panics,
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for AckBatch {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]

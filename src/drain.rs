@@ -325,16 +325,18 @@ impl Drain {
                 let cancel = q
                     .channel
                     .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
-                match tokio::time::timeout_at(deadline, cancel).await {
-                    Ok(Ok(())) => {}
+                let why = match tokio::time::timeout_at(deadline, cancel).await {
+                    Ok(Ok(())) => return,
                     Ok(Err(e)) => {
-                        warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer")
+                        warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
+                        format!("{}: basic.cancel was not answered ({e})", q.name)
                     }
-                    Err(_) => unanswered
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(format!("{}: the broker never answered basic.cancel", q.name)),
-                }
+                    Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
+                };
+                unanswered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(why);
             }
         }));
         tokio::select! {
@@ -421,22 +423,44 @@ impl Drain {
         for q in &queues {
             q.gate.close();
         }
-        join_all(queues.iter().map(|q| async move {
-            if q.channel.status().connected() {
-                let _ =
-                    tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into())).await;
+        let closes = join_all(queues.iter().map(|q| async move {
+            if q.channel.status().connected()
+                && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
+                    .await
+                    .is_err()
+            {
+                return Some(format!(
+                    "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
+                    q.name
+                ));
             }
+            None
         }))
         .await;
+        let mut unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
         self.publisher.close();
         for role in [Role::Publisher, Role::Consumer] {
             if let Some(connection) = self.link.current(role) {
-                if connection.status().connected() {
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))
-                        .await;
+                if connection.status().connected()
+                    && tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))
+                        .await
+                        .is_err()
+                {
+                    unanswered_close.push(format!(
+                        "the {} connection: the broker did not answer connection.close within {CLOSE_TIMEOUT:?}",
+                        role.as_str()
+                    ));
                 }
             }
             self.health.set_connected(role, false);
+        }
+        if !unanswered_close.is_empty() {
+            match &mut timeout {
+                Some((_, _, waiting)) => waiting.extend(unanswered_close),
+                None => {
+                    timeout = Some((DeadlineKind::ShutdownTimeout, Vec::new(), unanswered_close))
+                }
+            }
         }
         // 6. Report.
         let report = DrainReport {

@@ -15,20 +15,26 @@ mod consumer;
 pub mod convert;
 pub mod drain;
 pub mod health;
+mod otel;
 pub mod publisher;
 pub mod replay;
+mod span;
+pub mod stack;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod topology;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{
-    BoxError, Cancellation, Decision, Delivery, Headers, IntoOutcome, Lifeline, Outcome,
-    Properties, PublishError, Reason, Reject, Value,
+    BoxError, Cancellation, Decision, Delivery, Headers, IntoVerdict, Lifeline, Properties,
+    PublishError, Reason, Reject, Value, Verdict,
 };
 pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot, UnknownQueue};
 pub use publisher::Publisher;
+pub use stack::{Outcome, QueueStack};
 
 /// Compiles the README's Rust code as a doctest, so the quickstart stays true.
 #[cfg(doctest)]

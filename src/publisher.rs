@@ -269,6 +269,7 @@ impl Publisher {
             queue: target.clone(),
             message: e.to_string(),
         };
+        let properties = crate::otel::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
         let ch = self.usable_channel(&conn).await.map_err(transport)?;
@@ -311,6 +312,7 @@ impl Publish for Publisher {
         let mut headers = message.headers;
         // The broker's own redelivery count is not the copy's.
         headers.remove("x-delivery-count");
+        crate::otel::inject_copy(&mut headers);
         let props = properties_to_lapin(message.delivery.properties(), &headers);
         self.send("", message.queue, message.delivery.body(), props)
             .await

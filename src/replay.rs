@@ -5,9 +5,10 @@
 //! `x-acemq-*` headers the retry and dead-letter layers wrote (attempt,
 //! reason, error, attempts, queue, dead-lettered-at) and the broker's
 //! `x-delivery-count` are removed, every other header and property is kept,
-//! and so are `x-acemq-original-exchange` / `-routing-key`, so a handler
-//! that dispatches on [`Delivery::original_routing_key`] still sees where the
-//! message first came from.
+//! and so are the `x-acemq-original-*` ones (exchange, routing key, the
+//! producer's trace context), so a handler that dispatches on
+//! [`Delivery::original_routing_key`] still sees where the message first
+//! came from.
 //!
 //! # Nothing lost
 //!
@@ -374,14 +375,15 @@ async fn run(
 }
 
 /// The headers of a replayed copy: the attempt count reset (every
-/// `x-acemq-*` header but where the message came from), no
-/// `x-delivery-count`.
+/// `x-acemq-*` header but the `x-acemq-original-*` ones: where the message
+/// came from, the producer's trace context), no `x-delivery-count`.
 pub fn reset(headers: Headers) -> Headers {
     headers
         .into_iter()
         .filter(|(name, _)| {
             name == ORIGINAL_EXCHANGE_HEADER
                 || name == ORIGINAL_ROUTING_KEY_HEADER
+                || name.starts_with("x-acemq-original-")
                 || !(name.starts_with("x-acemq-") || name == DELIVERY_COUNT_HEADER)
         })
         .collect()
@@ -405,6 +407,7 @@ mod tests {
             "x-delivery-count",
             "x-acemq-original-exchange",
             "x-acemq-original-routing-key",
+            "x-acemq-original-traceparent",
             "x-custom",
             "traceparent",
         ] {
@@ -417,6 +420,7 @@ mod tests {
                 "traceparent",
                 "x-acemq-original-exchange",
                 "x-acemq-original-routing-key",
+                "x-acemq-original-traceparent",
                 "x-custom"
             ]
         );

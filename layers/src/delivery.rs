@@ -50,13 +50,27 @@ pub struct Properties {
 
 /// The immutable part of a delivery, shared (not copied) between the
 /// handler, retries and republished copies.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Message {
     exchange: String,
     routing_key: String,
     body: Bytes,
     headers: Headers,
     properties: Properties,
+}
+
+/// The body's length, never its bytes: a `Delivery` logged with `?` must not
+/// leak what the message says.
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .field("headers", &self.headers)
+            .field("properties", &self.properties)
+            .finish()
+    }
 }
 
 /// One message delivered from a queue: the request of every acemq layer.

@@ -37,7 +37,7 @@
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
 //! 7. Your handler, with any of your own tower layers around it. It returns
-//!    `Ok(())` (acknowledge) or `Ok(`[`Outcome`]`)` (requeue, dead-letter
+//!    `Ok(())` (acknowledge) or `Ok(`[`Verdict`]`)` (requeue, dead-letter
 //!    now); an error is retried, or dead-lettered at once when it carries a
 //!    [`Reject`] anywhere (see [`DefaultClassifier`]).
 //!
@@ -73,11 +73,11 @@ mod error;
 pub mod headers;
 pub mod in_flight;
 mod lifeline;
-pub mod outcome;
 pub mod pause;
 mod publish;
 pub mod redelivery;
 pub mod retry;
+pub mod verdict;
 
 pub use cancel::{Cancel, CancelLayer};
 pub use dead_letter::{DeadLetter, DeadLetterLayer};
@@ -91,8 +91,8 @@ pub use error::{
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
 pub use lifeline::{Cancellation, Lifeline};
-pub use outcome::{IntoOutcome, Outcome};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};
+pub use verdict::{IntoVerdict, Verdict};

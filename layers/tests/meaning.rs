@@ -13,8 +13,8 @@ use acemq_layers::headers::{
 };
 use acemq_layers::{
     BoxError, CancelLayer, Class, Classify, DeadLetterLayer, Decision, DefaultClassifier, Delivery,
-    Headers, Outcome, Reason, RedeliveryLimitLayer, Reject, RetryLayer, RetryPolicy, RetryVia,
-    Value, ATTEMPT_HEADER,
+    Headers, Reason, RedeliveryLimitLayer, Reject, RetryLayer, RetryPolicy, RetryVia, Value,
+    Verdict, ATTEMPT_HEADER,
 };
 use common::FakePublisher;
 use tokio_util::sync::CancellationToken;
@@ -234,7 +234,7 @@ async fn an_anyhow_reject_with_context_dead_letters_at_once_as_rejected() {
 
 // ------------------------------------------------------ typed outcomes
 
-async fn outcome_of(outcome: Outcome) -> (Decision, FakePublisher) {
+async fn verdict_of(outcome: Verdict) -> (Decision, FakePublisher) {
     let broker = FakePublisher::default();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
@@ -257,11 +257,11 @@ async fn outcome_of(outcome: Outcome) -> (Decision, FakePublisher) {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_typed_outcome_is_carried_out_ack_requeue_and_dead_letter() {
-    assert_eq!(outcome_of(Outcome::Ack).await.0, Decision::Ack);
-    let (requeue, broker) = outcome_of(Outcome::Requeue).await;
+    assert_eq!(verdict_of(Verdict::Ack).await.0, Decision::Ack);
+    let (requeue, broker) = verdict_of(Verdict::Requeue).await;
     assert_eq!(requeue, Decision::HandBack, "handed back, not acked");
     assert!(broker.published().is_empty(), "no retry, no copy");
-    let (dead, broker) = outcome_of(Outcome::dead_letter("duplicate order")).await;
+    let (dead, broker) = verdict_of(Verdict::dead_letter("duplicate order")).await;
     let Decision::DeadLetter(d) = dead else {
         panic!("{dead:?}")
     };

@@ -17,14 +17,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightLayer, Lifeline, PauseHandle,
-    PauseLayer, RetryLayer,
-};
+use acemq_layers::{BoxError, Classify, Delivery, Lifeline, PauseHandle};
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::{Service, ServiceBuilder};
+use tower::{Layer, Service};
 use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, QueueConfig};
@@ -33,6 +30,7 @@ use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
 use crate::health::{Health, Role};
 use crate::publisher::Publisher;
+use crate::stack::{Outcome, QueueStack};
 use crate::topology::{Topology, TopologyError};
 
 pub use exit::{finish, start_failed, EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, EXIT_UNAVAILABLE};
@@ -132,6 +130,8 @@ pub struct App {
     addr: Option<String>,
     name: String,
     starters: Vec<(String, Starter)>,
+    /// Retry policies given in code, by queue: they replace the config's.
+    policies: Vec<(String, acemq_layers::RetryPolicy)>,
     health: Health,
     publisher: Publisher,
     publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
@@ -158,6 +158,7 @@ impl App {
             addr: None,
             name: "acemq".to_owned(),
             starters: Vec::new(),
+            policies: Vec::new(),
             health: Health::new(),
             publisher,
             publish_tx,
@@ -205,32 +206,71 @@ impl App {
     /// new channel after a reconnect or a recovery). A middleware that is not
     /// `Clone` (`tower::limit::RateLimit`, say) can be shared by wrapping it
     /// in `tower::buffer::Buffer`, whose handle is.
-    pub fn consume<H>(mut self, queue: &str, handler: H) -> Self
+    pub fn consume<H>(self, queue: &str, handler: H) -> Self
     where
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
-        H::Response: acemq_layers::IntoOutcome + Send + 'static,
+        H::Response: acemq_layers::IntoVerdict + Send + 'static,
     {
+        self.consume_with(queue, QueueStack::new(), handler)
+    }
+
+    /// As [`consume`](Self::consume), with your own layers outside the
+    /// acemq stack and around the handler, and the queue's own classifier
+    /// and retry policy: see [`QueueStack`] and the [`stack`](crate::stack)
+    /// module for where each kind of layer belongs.
+    pub fn consume_with<H, O, I, C>(
+        mut self,
+        queue: &str,
+        stack: QueueStack<O, I, C>,
+        handler: H,
+    ) -> Self
+    where
+        H: Send + 'static + Clone,
+        C: Classify + Clone,
+        O: Send + 'static,
+        I: Send + 'static,
+        I: Layer<H>,
+        I::Service: Service<Delivery> + Clone + Send + 'static,
+        <I::Service as Service<Delivery>>::Error: Into<BoxError>,
+        <I::Service as Service<Delivery>>::Future: Send + 'static,
+        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+        O: Layer<
+            tower::util::MapResult<
+                crate::stack::Attempts<H, I, Publisher, C>,
+                crate::stack::Sealer,
+            >,
+        >,
+        O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+        BoxError: From<<O::Service as Service<Delivery>>::Error>,
+        <O::Service as Service<Delivery>>::Future: Send + 'static,
+    {
+        if let Some(policy) = &stack.policy {
+            self.policies.push((queue.to_owned(), policy.clone()));
+        }
         // The stack is built again for each generation; the mutex only makes
-        // the starter `Sync` without asking it of `H`.
-        let handler = std::sync::Mutex::new(handler);
+        // the starter `Sync` without asking it of the handler or the layers.
+        let parts = std::sync::Mutex::new((handler, stack));
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
             let q = ctx.queue;
             let sh = ctx.shared;
-            let handler = handler.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let service = ServiceBuilder::new()
-                .layer(PauseLayer::new(ctx.gate.clone()))
-                .layer(InFlightLayer::new(sh.health.in_flight().clone()))
-                .layer(DeadLetterLayer::new(sh.publisher.clone()).enabled(q.dead_letter))
-                .layer(acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries))
-                .layer(RetryLayer::new(
-                    q.policy(),
-                    sh.publisher.clone(),
-                    sh.draining.clone(),
-                ))
-                .layer(CancelLayer::new(ctx.cancel.clone()).abandon_after(sh.config.abandon_after))
-                .service(handler);
+            let guard = parts.lock().unwrap_or_else(|p| p.into_inner());
+            let (handler, stack) = &*guard;
+            let service = crate::stack::build(
+                crate::stack::Parts {
+                    queue: q,
+                    gate: ctx.gate.clone(),
+                    in_flight: sh.health.in_flight().clone(),
+                    publisher: sh.publisher.clone(),
+                    draining: sh.draining.clone(),
+                    cancel: ctx.cancel.clone(),
+                    abandon_after: sh.config.abandon_after,
+                },
+                stack,
+                handler.clone(),
+            );
+            drop(guard);
             let lp = ConsumerLoop {
                 queue: Arc::from(q.name.as_str()),
                 channel: ctx.channel,
@@ -267,20 +307,25 @@ impl App {
         stop: impl Future<Output = &'static str>,
     ) -> Result<Running, StartError> {
         let App {
-            config,
+            mut config,
             addr,
             name,
             starters,
+            policies,
             health,
             publisher,
             publish_tx,
         } = self;
+        for (queue, policy) in policies {
+            if let Some(q) = config.queues.iter_mut().find(|q| q.name == queue) {
+                q.retries = Some(crate::config::RetriesConfig::from_policy(&policy));
+            }
+        }
         config.validate()?;
         config.check_handlers(starters.iter().map(|(q, _)| q.as_str()))?;
         // A queue with `consume: false` is declared (the topology is built
         // from `declared`) and not consumed.
         let declared = config.clone();
-        let mut config = config;
         config.queues.retain(|q| q.consume);
         let worst = crate::drain::worst_case(&config);
         if let Some(w) = config.host_deadline_warning() {

@@ -520,7 +520,9 @@ where
         })
         .await;
         st.publish_gauges(0);
-        if channel.status().connected() {
+        // In a drain, the drain closes the channel (and reports a close the
+        // broker does not answer); otherwise the loop does.
+        if channel.status().connected() && !intake.is_cancelled() {
             // Every settle is done: closing returns what the broker sent
             // ahead and what was abandoned.
             let _ = tokio::time::timeout(
@@ -596,29 +598,12 @@ where
     S::Future: Send + 'static,
 {
     let tag = raw.delivery_tag;
-    let span = tracing::info_span!(
-        "acemq.process",
-        otel.name = %format_args!("{} process", queue),
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "process",
-        messaging.destination.name = raw.exchange.as_str(),
-        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
-        messaging.rabbitmq.message.delivery_tag = raw.delivery_tag,
-        messaging.message.id = tracing::field::Empty,
-        acemq.queue = %queue,
-        acemq.attempt = tracing::field::Empty,
-        acemq.redelivered = raw.redelivered,
-    );
+    let span = crate::span::process_span(queue, &raw);
     let (mut delivery, _acker) = span.in_scope(|| delivery_from_lapin(queue, raw));
     delivery.set_lifeline(lifeline.clone());
-    if !span.is_disabled() {
-        span.record("acemq.attempt", delivery.attempt());
-        if let Some(id) = &delivery.properties().message_id {
-            span.record("messaging.message.id", id.as_str());
-        }
-    }
+    crate::span::record_delivery(&span, &delivery);
     let started = Instant::now();
-    let fut = service.call(delivery);
+    let fut = span.in_scope(|| service.call(delivery));
     async move {
         let decision = match fut.await {
             Ok(d) => d,
@@ -632,6 +617,7 @@ where
                 })
             }
         };
+        crate::span::record_decision(&tracing::Span::current(), &decision);
         drop(slot);
         (decision, tag, started)
     }

@@ -10,6 +10,7 @@ mod config_load;
 mod dead_letter;
 mod drain;
 mod faults;
+mod metrics_names;
 mod process;
 mod proxy;
 mod reliability;

@@ -12,7 +12,7 @@ use acemq::connection::{connect as acemq_connect, ConnectError};
 use acemq::layers::dead_letter::REASON_HEADER;
 use acemq::layers::headers::DELIVERY_COUNT_HEADER;
 use acemq::topology::TopologyError;
-use acemq::{App, BoxError, Config, Delivery, Outcome, StartError, Value};
+use acemq::{App, BoxError, Config, Delivery, StartError, Value, Verdict};
 use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
@@ -376,7 +376,7 @@ async fn a_quorum_message_redelivered_past_max_redeliveries_is_dead_lettered_as_
             .get(DELIVERY_COUNT_HEADER)
             .and_then(Value::as_i64);
         seen.lock().unwrap().push(count);
-        async { Ok::<_, BoxError>(Outcome::Requeue) }
+        async { Ok::<_, BoxError>(Verdict::Requeue) }
     });
     let running = start_consuming(config, &q, handler).await;
     broker.publish(&q, b"poison", FieldTable::default()).await;
@@ -517,7 +517,10 @@ async fn a_bound_queue_deleted_while_consumed_comes_back_bound_to_its_exchange()
     assert!(back, "declared again and consumed within 20 s");
     publish_to(&mut broker, &x, "orders.new", BasicProperties::default()).await;
     assert!(
-        eventually(Duration::from_secs(5), || async { log.lock().unwrap().len() == 1 }).await,
+        eventually(Duration::from_secs(5), || async {
+            log.lock().unwrap().len() == 1
+        })
+        .await,
         "routed through the exchange again: the binding came back with the queue"
     );
     running.drain().await.expect("clean drain");

@@ -274,7 +274,7 @@ where
     H: tower::Service<acemq::Delivery> + Clone + Send + 'static,
     H::Error: Into<acemq::BoxError>,
     H::Future: Send + 'static,
-    H::Response: acemq::IntoOutcome + Send + 'static,
+    H::Response: acemq::IntoVerdict + Send + 'static,
 {
     acemq::App::new(config)
         .consume(queue, handler)

@@ -14,7 +14,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::{BoxError, Decision};
 use crate::lifeline::Cancellation;
-use crate::{HandlerPanic, IntoOutcome};
+use crate::{HandlerPanic, IntoVerdict};
 
 pin_project! {
     /// Response future of [`Cancel`](super::Cancel): the handler's future,
@@ -99,7 +99,7 @@ impl<F> ResponseFuture<F> {
 impl<F, R, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<R, E>>,
-    R: IntoOutcome,
+    R: IntoVerdict,
     E: Into<BoxError>,
 {
     type Output = Result<Decision, BoxError>;
@@ -123,7 +123,7 @@ where
             Ok(Poll::Ready(result)) => {
                 this.handler.set(Handler::Done);
                 return Poll::Ready(match result {
-                    Ok(r) => Ok(r.into_outcome().into_decision(*this.attempt)),
+                    Ok(r) => Ok(r.into_verdict().into_decision(*this.attempt)),
                     // Stopped because it was told to: not a failure.
                     Err(_) if this.child.is_cancelled() => Ok(Decision::HandBack),
                     Err(e) => Err(e.into()),

@@ -9,7 +9,7 @@ use tower::Service;
 use super::future::ResponseFuture;
 use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
 use crate::lifeline::Cancellation;
-use crate::IntoOutcome;
+use crate::IntoVerdict;
 
 /// Runs `S` with the root's cancellation for every request, a caught panic and abandonment;
 /// see the [module docs](super).
@@ -69,7 +69,7 @@ impl<S> Cancel<S> {
 impl<S, R, E> Service<Delivery> for Cancel<S>
 where
     S: Service<Delivery, Response = R, Error = E>,
-    R: IntoOutcome,
+    R: IntoVerdict,
     E: Into<BoxError>,
 {
     type Response = Decision;

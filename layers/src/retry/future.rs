@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Either};
 use pin_project_lite::pin_project;
 use tower::Service;
+use tracing::Instrument;
 
 use super::layer::Config;
 use super::policy::rung_name;
@@ -254,7 +255,15 @@ where
 
         delivery.set_attempt(next);
         poll_fn(|cx| service.poll_ready(cx)).await?;
-        match service.call(delivery.clone()).await {
+        // The in-process attempt's own span, a child of the delivery's.
+        let span = tracing::info_span!(
+            "acemq.attempt",
+            otel.name = %format_args!("attempt {}", delivery.queue()),
+            acemq.queue = %delivery.queue(),
+            acemq.attempt = i64::from(next),
+        );
+        let call = span.in_scope(|| service.call(delivery.clone()));
+        match call.instrument(span).await {
             Ok(decision) => return Ok(decision),
             Err(e) => error = e,
         }

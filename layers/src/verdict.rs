@@ -1,9 +1,9 @@
 //! What a handler's `Ok` means: the handler's own say over its delivery.
 //!
-//! A handler's `Ok` is either `()` — acknowledge — or an [`Outcome`], when
+//! A handler's `Ok` is either `()` — acknowledge — or a [`Verdict`], when
 //! the handler itself decides that a message it handled without failing
 //! must go back to the queue or to the dead-letter queue. Any other `Ok`
-//! type does not compile ([`IntoOutcome`] is implemented for these two
+//! type does not compile ([`IntoVerdict`] is implemented for these two
 //! only): a handler returning `Ok(order)` would otherwise be acknowledged
 //! silently, whatever it meant.
 //!
@@ -26,7 +26,7 @@
 //! [`Reject`](crate::Reject).
 //!
 //! ```
-//! use acemq_layers::{CancelLayer, Decision, Delivery, Outcome};
+//! use acemq_layers::{CancelLayer, Decision, Delivery, Verdict};
 //! use tokio_util::sync::CancellationToken;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
@@ -35,9 +35,9 @@
 //!     .layer(CancelLayer::new(CancellationToken::new()))
 //!     .service_fn(|d: Delivery| async move {
 //!         Ok::<_, std::io::Error>(if d.body().is_empty() {
-//!             Outcome::dead_letter("empty body")
+//!             Verdict::dead_letter("empty body")
 //!         } else {
-//!             Outcome::Ack
+//!             Verdict::Ack
 //!         })
 //!     });
 //! let decision = svc.oneshot(Delivery::builder().build()).await.unwrap();
@@ -50,7 +50,7 @@ use crate::decision::{DeadLetterDecision, Decision, Reason};
 /// What a handler that returned `Ok` wants done with its delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum Verdict {
     /// Acknowledge: the same as returning `Ok(())`.
     Ack,
     /// Give the delivery back to the broker now, unsettled by this handler
@@ -65,19 +65,19 @@ pub enum Outcome {
     DeadLetter(String),
 }
 
-impl Outcome {
-    /// [`Outcome::DeadLetter`] with `why` as the error text.
+impl Verdict {
+    /// [`Verdict::DeadLetter`] with `why` as the error text.
     pub fn dead_letter(why: impl Into<String>) -> Self {
-        Outcome::DeadLetter(why.into())
+        Verdict::DeadLetter(why.into())
     }
 
     /// The decision the consumer loop carries out, for a delivery at
     /// `attempt`.
     pub fn into_decision(self, attempt: u32) -> Decision {
         match self {
-            Outcome::Ack => Decision::Ack,
-            Outcome::Requeue => Decision::HandBack,
-            Outcome::DeadLetter(error) => Decision::DeadLetter(DeadLetterDecision {
+            Verdict::Ack => Decision::Ack,
+            Verdict::Requeue => Decision::HandBack,
+            Verdict::DeadLetter(error) => Decision::DeadLetter(DeadLetterDecision {
                 reason: Reason::Rejected,
                 error,
                 attempts: attempt,
@@ -87,29 +87,29 @@ impl Outcome {
     }
 }
 
-/// The `Ok` types a handler may return: `()` (acknowledge) and [`Outcome`].
+/// The `Ok` types a handler may return: `()` (acknowledge) and [`Verdict`].
 ///
 /// Sealed: no other type can mean something acemq would carry out.
 #[diagnostic::on_unimplemented(
-    message = "a handler must return `Ok(())` or `Ok(Outcome)`, not `Ok({Self})`",
+    message = "a handler must return `Ok(())` or `Ok(Verdict)`, not `Ok({Self})`",
     label = "the handler's `Ok` type is `{Self}`",
     note = "acemq would acknowledge every `Ok` alike and drop the value: return `Ok(())` to \
-            acknowledge, or an `Outcome` (Ack, Requeue, DeadLetter) to decide; map the value \
+            acknowledge, or an `Verdict` (Ack, Requeue, DeadLetter) to decide; map the value \
             away with `.map(|_| ())` if it does not matter"
 )]
-pub trait IntoOutcome: sealed::Sealed {
-    /// The outcome this value stands for.
-    fn into_outcome(self) -> Outcome;
+pub trait IntoVerdict: sealed::Sealed {
+    /// The verdict this value stands for.
+    fn into_verdict(self) -> Verdict;
 }
 
-impl IntoOutcome for () {
-    fn into_outcome(self) -> Outcome {
-        Outcome::Ack
+impl IntoVerdict for () {
+    fn into_verdict(self) -> Verdict {
+        Verdict::Ack
     }
 }
 
-impl IntoOutcome for Outcome {
-    fn into_outcome(self) -> Outcome {
+impl IntoVerdict for Verdict {
+    fn into_verdict(self) -> Verdict {
         self
     }
 }
@@ -118,5 +118,5 @@ mod sealed {
     #[allow(unreachable_pub)] // public in a private module: the seal
     pub trait Sealed {}
     impl Sealed for () {}
-    impl Sealed for super::Outcome {}
+    impl Sealed for super::Verdict {}
 }

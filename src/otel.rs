@@ -1,0 +1,288 @@
+//! W3C trace context on the wire (feature `opentelemetry`; without it every
+//! function here does nothing).
+//!
+//! - **Extract**: a delivery's `traceparent` / `tracestate` / `baggage`
+//!   headers become the parent of its `process` span, so a message's life is
+//!   one trace, and the creation context (the producer's, kept in
+//!   `x-acemq-original-traceparent` on copies) becomes a span link, as the
+//!   messaging conventions recommend. No `traceparent`: a new root. A
+//!   malformed one: a new root and one warning, never a failure.
+//! - **Inject**: every publish carries the current context. Rung and
+//!   dead-letter copies are published inside the failed delivery's `process`
+//!   span, so their `traceparent` is that span; the producer's context moves
+//!   to `x-acemq-original-traceparent` (once: a copy of a copy keeps the
+//!   first producer's).
+//!
+//! The propagator is OpenTelemetry's global one: set it once at start-up, e.g.
+//! `opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new())`
+//! (or a composite with `BaggagePropagator`). Spans reach OpenTelemetry
+//! through `tracing_opentelemetry::layer()` in your subscriber.
+
+#![cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+
+use acemq_layers::Headers;
+use lapin::BasicProperties;
+use tracing::Span;
+
+/// Sets the span's parent (the message's context) and link (its creation
+/// context). Called by [`crate::span::process_span`] before the span is
+/// first entered.
+pub(crate) fn extract(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+    #[cfg(feature = "opentelemetry")]
+    imp::extract(span, queue, raw);
+}
+
+/// Writes the current context into `headers` (a user's publish). Without a
+/// current OpenTelemetry context the headers are left as they are.
+#[allow(dead_code)] // The publisher handle of round two takes `Headers`.
+pub(crate) fn inject(headers: &mut Headers) {
+    #[cfg(feature = "opentelemetry")]
+    imp::inject(headers);
+}
+
+/// Like [`inject`] for a rung or dead-letter copy: keeps the producer's
+/// `traceparent` in `x-acemq-original-traceparent` (unless the copy already
+/// has one), then writes the current context (the failed attempt's span).
+pub(crate) fn inject_copy(headers: &mut Headers) {
+    #[cfg(feature = "opentelemetry")]
+    imp::inject_copy(headers);
+}
+
+/// [`inject`] on lapin's properties (the publisher's `publish`).
+pub(crate) fn inject_properties(properties: BasicProperties) -> BasicProperties {
+    #[cfg(feature = "opentelemetry")]
+    return imp::inject_properties(properties);
+    #[cfg(not(feature = "opentelemetry"))]
+    properties
+}
+
+#[cfg(feature = "opentelemetry")]
+mod imp {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use acemq_layers::{Headers, Value};
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    use lapin::BasicProperties;
+    use opentelemetry::propagation::{Extractor, Injector};
+    use opentelemetry::trace::{SpanContext, TraceContextExt};
+    use opentelemetry::{global, Context};
+    use tracing::Span;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    const TRACEPARENT: &str = "traceparent";
+    /// Where a copy keeps the producer's `traceparent`, its own `traceparent`
+    /// being the failed attempt's span.
+    const ORIGINAL_TRACEPARENT_HEADER: &str = "x-acemq-original-traceparent";
+
+    /// Reads a string header of a lapin field table.
+    fn table_str<'a>(table: &'a FieldTable, key: &str) -> Option<&'a str> {
+        match table.inner().get(key)? {
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+            AMQPValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The delivery's headers, as the propagator reads them.
+    struct TableExtractor<'a>(&'a FieldTable);
+
+    impl Extractor for TableExtractor<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            table_str(self.0, key)
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0.inner().keys().map(|k| k.as_str()).collect()
+        }
+    }
+
+    /// The producer's context a copy keeps, read as if it were `traceparent`.
+    struct OriginalExtractor<'a>(&'a str);
+
+    impl Extractor for OriginalExtractor<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            (key == TRACEPARENT).then_some(self.0)
+        }
+        fn keys(&self) -> Vec<&str> {
+            vec![TRACEPARENT]
+        }
+    }
+
+    struct HeadersInjector<'a>(&'a mut Headers);
+
+    impl Injector for HeadersInjector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            self.0.insert(key, value);
+        }
+    }
+
+    struct TableInjector<'a>(&'a mut FieldTable);
+
+    impl Injector for TableInjector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            self.0
+                .insert(key.into(), AMQPValue::LongString(LongString::from(value)));
+        }
+    }
+
+    /// Whether the global propagator reads `traceparent`; says once when not.
+    fn w3c_propagator() -> bool {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        let w3c = global::get_text_map_propagator(|p| p.fields().any(|f| f == TRACEPARENT));
+        if !w3c && !WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the opentelemetry feature is on but the global text map propagator does not \
+                 read `traceparent`, so deliveries start new traces: call \
+                 opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new()) \
+                 at start-up"
+            );
+        }
+        w3c
+    }
+
+    pub(super) fn extract(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+        let Some(table) = raw.properties.headers() else {
+            return;
+        };
+        let Some(traceparent) = table_str(table, TRACEPARENT) else {
+            return;
+        };
+        if !w3c_propagator() {
+            return;
+        }
+        let parent = global::get_text_map_propagator(|p| p.extract(&TableExtractor(table)));
+        let parent_span = parent.span().span_context().clone();
+        if !parent_span.is_valid() {
+            let shown: String = traceparent.chars().take(64).collect();
+            // Inside the span: it is a new root, and the warning is its event.
+            span.in_scope(|| {
+                tracing::warn!(
+                    queue,
+                    traceparent = %shown,
+                    "the delivery's traceparent header is not a W3C trace context \
+                     (version-traceid-spanid-flags); its span starts a new trace"
+                )
+            });
+            return;
+        }
+        let creation = table_str(table, ORIGINAL_TRACEPARENT_HEADER)
+            .and_then(original)
+            .unwrap_or_else(|| parent_span.clone());
+        if span.set_parent(parent).is_ok() {
+            span.add_link(creation);
+        }
+    }
+
+    /// The producer's span context a copy kept, when it is valid.
+    fn original(traceparent: &str) -> Option<SpanContext> {
+        let cx = global::get_text_map_propagator(|p| p.extract(&OriginalExtractor(traceparent)));
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then_some(sc)
+    }
+
+    /// The context to inject: the current tracing span's, else OpenTelemetry's
+    /// own current one; `None` when neither has a valid span.
+    fn current() -> Option<Context> {
+        let cx = Span::current().context();
+        if cx.span().span_context().is_valid() {
+            return Some(cx);
+        }
+        let cx = Context::current();
+        cx.span().span_context().is_valid().then_some(cx)
+    }
+
+    pub(super) fn inject(headers: &mut Headers) {
+        if let Some(cx) = current() {
+            global::get_text_map_propagator(|p| {
+                p.inject_context(&cx, &mut HeadersInjector(headers))
+            });
+        }
+    }
+
+    pub(super) fn inject_copy(headers: &mut Headers) {
+        if headers.get(ORIGINAL_TRACEPARENT_HEADER).is_none() {
+            if let Some(tp @ Value::String(_)) = headers.get(TRACEPARENT) {
+                let tp = tp.clone();
+                headers.insert(ORIGINAL_TRACEPARENT_HEADER, tp);
+            }
+        }
+        inject(headers);
+    }
+
+    pub(super) fn inject_properties(properties: BasicProperties) -> BasicProperties {
+        let Some(cx) = current() else {
+            return properties;
+        };
+        let mut table = properties.headers().clone().unwrap_or_default();
+        global::get_text_map_propagator(|p| p.inject_context(&cx, &mut TableInjector(&mut table)));
+        properties.with_headers(table)
+    }
+}
+
+#[cfg(all(test, feature = "opentelemetry"))]
+mod tests {
+    use acemq_layers::Headers;
+    use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::{inject, inject_copy};
+
+    /// Runs `f` with a tracing-opentelemetry subscriber on this thread.
+    fn with_otel(f: impl FnOnce()) {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("unit")));
+        tracing::subscriber::with_default(subscriber, f);
+    }
+
+    fn traceparent_of(span: &tracing::Span) -> String {
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        format!("00-{}-{}-01", sc.trace_id(), sc.span_id())
+    }
+
+    fn text(h: &Headers, k: &str) -> Option<String> {
+        h.get(k).and_then(|v| v.as_str()).map(str::to_owned)
+    }
+
+    const PRODUCER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn a_copy_carries_the_current_span_and_keeps_the_first_producers_context() {
+        with_otel(|| {
+            let mut headers = Headers::new();
+            headers.insert("traceparent", PRODUCER);
+            let first = tracing::info_span!("attempt one");
+            first.in_scope(|| inject_copy(&mut headers));
+            assert_eq!(text(&headers, "traceparent"), Some(traceparent_of(&first)));
+            assert_eq!(
+                text(&headers, "x-acemq-original-traceparent").as_deref(),
+                Some(PRODUCER)
+            );
+            // A copy of the copy: the producer's context stays the first one.
+            let second = tracing::info_span!("attempt two");
+            second.in_scope(|| inject_copy(&mut headers));
+            assert_eq!(text(&headers, "traceparent"), Some(traceparent_of(&second)));
+            assert_eq!(
+                text(&headers, "x-acemq-original-traceparent").as_deref(),
+                Some(PRODUCER)
+            );
+        });
+    }
+
+    #[test]
+    fn without_a_current_span_a_publish_keeps_its_headers_as_they_are() {
+        with_otel(|| {
+            let mut headers = Headers::new();
+            headers.insert("traceparent", PRODUCER);
+            inject(&mut headers);
+            assert_eq!(text(&headers, "traceparent").as_deref(), Some(PRODUCER));
+            let mut empty = Headers::new();
+            inject(&mut empty);
+            assert!(empty.is_empty(), "{empty:?}");
+        });
+    }
+}

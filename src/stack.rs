@@ -1,0 +1,269 @@
+//! The stack `App` builds around a queue's handler, and where your own
+//! tower layers go in it.
+//!
+//! Outermost first:
+//!
+//! | | layer | why there |
+//! |---|---|---|
+//! | 1 | pause gate | a held delivery has not started: not in flight, handed back without touching anything below |
+//! | 2 | in-flight count | everything below is work the drain waits for and counts |
+//! | 3 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
+//! | 4 | dead-letter | turns "cannot be handled" into a confirmed copy in `Q.dlq` with the reason |
+//! | 5 | retry | waits here or on a rung, and calls the layers below again |
+//! | 6 | cancellation | the drain's token, a caught panic, abandonment |
+//! | 7 | **your inner layers** ([`QueueStack::inner`]) | see each attempt: a timeout per attempt, metrics per attempt, your axum-style middleware |
+//! | 8 | your handler | |
+//!
+//! # Outer layers cannot change what was carried out
+//!
+//! Below your outer layers the decision is already made *and partly carried
+//! out*: a rung retry or a dead-letter copy has been published and
+//! confirmed, and only the acknowledgement of the original is left. An
+//! outer layer that turned it into another decision would lose a message
+//! (an ack with no copy) or duplicate one. So outer layers see an
+//! [`Outcome`]: they can read its [`Decision`] but cannot make one — there
+//! is no public constructor. An outer layer that fails (returns an error,
+//! or a load-shedding layer refusing) hands the delivery back: the broker
+//! redelivers it.
+//!
+//! # Clone
+//!
+//! Handler, inner and outer layers must make `Clone` services: the retry
+//! layer clones the service below it for every attempt, the pause gate
+//! clones the one below it for every delivery (tower's `mem::replace`
+//! pattern), and the stack is built again for every generation (a new
+//! channel after a reconnect or a recovery). A middleware that is not
+//! `Clone` (`tower::limit::RateLimit`, say) goes behind
+//! `tower::buffer::Buffer`, whose handle is:
+//! `.outer(BufferLayer::new(64)).outer(RateLimitLayer::new(..))` shares one
+//! limit between every delivery of the generation.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use acemq::{App, Config, Delivery, QueueStack};
+//! use tower::service_fn;
+//!
+//! # async fn run() -> std::process::ExitCode {
+//! let config = Config::from_path("examples/shop.yaml").expect("valid config");
+//! let stack = QueueStack::new()
+//!     // Each attempt gets 30 s; a timeout is retried, then dead-lettered
+//!     // with reason `timeout`.
+//!     .inner(tower::timeout::TimeoutLayer::new(Duration::from_secs(30)))
+//!     // Permanent: anything whose text says "invalid".
+//!     .classifier(|e: &(dyn std::error::Error + 'static)| {
+//!         if e.to_string().contains("invalid") {
+//!             acemq::layers::Class::Permanent
+//!         } else {
+//!             acemq::layers::Class::Transient
+//!         }
+//!     });
+//! App::new(config)
+//!     .consume_with("shop.orders", stack, service_fn(|_d: Delivery| async {
+//!         Ok::<_, std::io::Error>(())
+//!     }))
+//!     .run()
+//!     .await
+//! # }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use acemq_layers::{
+    BoxError, CancelLayer, Classify, DeadLetterLayer, Decision, DefaultClassifier, Delivery,
+    InFlightCounter, InFlightLayer, PauseHandle, PauseLayer, Publish, RetryLayer, RetryPolicy,
+};
+use tokio_util::sync::CancellationToken;
+use tower::layer::util::{Identity, Stack};
+use tower::util::MapResultLayer;
+use tower::{Layer, Service, ServiceBuilder};
+
+use crate::config::QueueConfig;
+
+/// A delivery's final decision, as your outer layers see it: readable, not
+/// constructible (see the [module docs](self)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome(Decision);
+
+impl Outcome {
+    /// The decision acemq made and is carrying out.
+    pub fn decision(&self) -> &Decision {
+        &self.0
+    }
+}
+
+fn seal(r: Result<Decision, BoxError>) -> Result<Outcome, BoxError> {
+    r.map(Outcome)
+}
+
+fn unseal<E>(r: Result<Outcome, E>) -> Result<Decision, BoxError>
+where
+    BoxError: From<E>,
+{
+    match r {
+        Ok(o) => Ok(o.0),
+        Err(e) => {
+            let e = BoxError::from(e);
+            tracing::warn!(error = %e, "an outer layer failed; the delivery is handed back and the broker redelivers it");
+            Ok(Decision::HandBack)
+        }
+    }
+}
+
+/// Your layers and choices for one queue's stack: layers outside the
+/// acemq stack (seeing the final [`Outcome`]) and around the handler
+/// (seeing each attempt), and the queue's own classifier and retry policy.
+/// See the [module docs](self) for where each kind of layer belongs.
+#[derive(Clone)]
+pub struct QueueStack<O = Identity, I = Identity, C = DefaultClassifier> {
+    outer: O,
+    inner: I,
+    classifier: C,
+    pub(crate) policy: Option<RetryPolicy>,
+}
+
+impl QueueStack {
+    /// No layers of yours; the config's retry policy; the
+    /// [`DefaultClassifier`].
+    pub fn new() -> Self {
+        QueueStack {
+            outer: Identity::new(),
+            inner: Identity::new(),
+            classifier: DefaultClassifier,
+            policy: None,
+        }
+    }
+}
+
+impl Default for QueueStack {
+    fn default() -> Self {
+        QueueStack::new()
+    }
+}
+
+impl<O, I, C> QueueStack<O, I, C> {
+    /// Adds a layer outside dead-letter and retry (inside the pause gate
+    /// and the in-flight count). The first added is the outermost.
+    pub fn outer<L>(self, layer: L) -> QueueStack<Stack<L, O>, I, C> {
+        QueueStack {
+            outer: Stack::new(layer, self.outer),
+            inner: self.inner,
+            classifier: self.classifier,
+            policy: self.policy,
+        }
+    }
+
+    /// Adds a layer around the handler (inside cancellation: each attempt).
+    /// The first added is the outermost.
+    pub fn inner<L>(self, layer: L) -> QueueStack<O, Stack<L, I>, C> {
+        QueueStack {
+            outer: self.outer,
+            inner: Stack::new(layer, self.inner),
+            classifier: self.classifier,
+            policy: self.policy,
+        }
+    }
+
+    /// Classifies this queue's failures with `classifier` (retry and
+    /// dead-letter both use it).
+    pub fn classifier<C2: Classify + Clone>(self, classifier: C2) -> QueueStack<O, I, C2> {
+        QueueStack {
+            outer: self.outer,
+            inner: self.inner,
+            classifier,
+            policy: self.policy,
+        }
+    }
+
+    /// This queue's retry policy, instead of the config's `retries` (the
+    /// topology declares its rungs).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+}
+
+impl<O, I, C> fmt::Debug for QueueStack<O, I, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueStack")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one generation's stack is built from, besides the user's parts.
+pub(crate) struct Parts<'a, P> {
+    pub(crate) queue: &'a QueueConfig,
+    pub(crate) gate: PauseHandle,
+    pub(crate) in_flight: InFlightCounter,
+    pub(crate) publisher: P,
+    pub(crate) draining: CancellationToken,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) abandon_after: Duration,
+}
+
+/// Turns the inner stack's decision into the [`Outcome`] outer layers see.
+pub(crate) type Sealer = fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>;
+/// And back, for the in-flight count, the gate and the loop.
+type Unsealer<E> = fn(Result<Outcome, E>) -> Result<Decision, BoxError>;
+
+/// The handler's service as the acemq layers see it.
+pub(crate) type Attempts<H, I, P, C> = acemq_layers::DeadLetter<
+    acemq_layers::RedeliveryLimit<
+        acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+    >,
+    P,
+    C,
+>;
+
+/// Builds exactly the stack `App` runs for a queue (the test harness
+/// builds it through here too).
+pub(crate) fn build<H, O, I, C, P>(
+    parts: Parts<'_, P>,
+    stack: &QueueStack<O, I, C>,
+    handler: H,
+) -> impl Service<Delivery, Response = Decision, Error = BoxError, Future: Send + 'static> + Send + 'static
+where
+    P: Publish,
+    C: Classify + Clone,
+    I: Layer<H>,
+    I::Service: Service<Delivery> + Clone + Send + 'static,
+    <I::Service as Service<Delivery>>::Error: Into<BoxError>,
+    <I::Service as Service<Delivery>>::Future: Send + 'static,
+    <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+    O: Layer<
+        tower::util::MapResult<
+            Attempts<H, I, P, C>,
+            fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>,
+        >,
+    >,
+    O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+    BoxError: From<<O::Service as Service<Delivery>>::Error>,
+    <O::Service as Service<Delivery>>::Future: Send + 'static,
+{
+    let q = parts.queue;
+    let policy = stack.policy.clone().unwrap_or_else(|| q.policy());
+    let sealed: Sealer = seal;
+    let unsealed: Unsealer<<O::Service as Service<Delivery>>::Error> = unseal;
+    let attempts = ServiceBuilder::new()
+        .layer(
+            DeadLetterLayer::new(parts.publisher.clone())
+                .classifier(stack.classifier.clone())
+                .enabled(q.dead_letter),
+        )
+        .layer(acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries))
+        .layer(
+            RetryLayer::new(policy, parts.publisher, parts.draining)
+                .classifier(stack.classifier.clone()),
+        )
+        .layer(CancelLayer::new(parts.cancel).abandon_after(parts.abandon_after))
+        .service(stack.inner.layer(handler));
+    let outer = stack
+        .outer
+        .layer(MapResultLayer::new(sealed).layer(attempts));
+    ServiceBuilder::new()
+        .layer(PauseLayer::new(parts.gate))
+        .layer(InFlightLayer::new(parts.in_flight))
+        .layer(MapResultLayer::new(unsealed))
+        .service(outer)
+}

@@ -1,0 +1,236 @@
+//! The in-memory harness of the exact stack `App` builds (`acemq::testing`),
+//! and through it the places a user's layers go: outer layers see each
+//! delivery's final outcome, inner layers each attempt; a queue's own
+//! classifier and retry policy in code. No broker: time is paused.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq::layers::{Class, RetryPolicy};
+use acemq::testing::{Fate, PublishMode, TestQueue};
+use acemq::{BoxError, Config, Decision, Delivery, Outcome, QueueStack, Reason};
+use tower::service_fn;
+use tower::util::{MapRequestLayer, MapResponseLayer};
+
+fn queue(yaml: &str) -> acemq::config::QueueConfig {
+    Config::from_yaml_str(yaml).expect("valid config").queues[0].clone()
+}
+
+fn failing(
+    times: u32,
+) -> impl tower::Service<Delivery, Response = (), Error = BoxError, Future: Send> + Clone + Send {
+    service_fn(move |d: Delivery| async move {
+        if d.attempt() <= times {
+            Err::<(), BoxError>(format!("attempt {} fails", d.attempt()).into())
+        } else {
+            Ok(())
+        }
+    })
+}
+
+const FIVE_ATTEMPTS: &str = "queues: [{ name: invoices, dead_letter: true,
+    retries: { max_attempts: 5, initial_delay: 60, max_delay: 600, broker_wait_threshold: 120 } }]";
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_five_attempt_schedule_of_minutes_runs_under_a_paused_clock_and_reports_each_step() {
+    let mut h = TestQueue::new(queue(FIVE_ATTEMPTS), failing(99));
+    // Attempt 1 fails: 60 s is below the 120 s threshold, so it waits here.
+    let r = h.deliver_body("invoice").await;
+    // 60 s here, then 120 s is at the threshold: a rung.
+    assert_eq!(
+        r.attempts
+            .iter()
+            .map(|a| (a.attempt, a.at))
+            .collect::<Vec<_>>(),
+        vec![(1, Duration::ZERO), (2, Duration::from_secs(60))]
+    );
+    match &r.fate {
+        Fate::RetriedOnRung {
+            rung,
+            attempt,
+            delay,
+            headers,
+        } => {
+            assert_eq!(rung, "invoices.retry.120s");
+            assert_eq!(*attempt, 3);
+            assert_eq!(*delay, Duration::from_secs(120));
+            assert_eq!(
+                headers.get("x-acemq-attempt").and_then(|v| v.as_i64()),
+                Some(3)
+            );
+        }
+        other => panic!("expected a rung hop, got {other:?}"),
+    }
+    // The copy comes back as attempt 5 (after the rungs): the last attempt.
+    let mut d = h.delivery("invoice");
+    d.set_attempt(5);
+    let r = h.deliver(d).await;
+    match &r.fate {
+        Fate::DeadLettered {
+            reason,
+            error,
+            headers,
+        } => {
+            assert_eq!(*reason, Reason::MaxAttempts);
+            assert!(error.contains("attempt 5 fails"), "{error}");
+            assert_eq!(
+                headers.get("x-acemq-reason").and_then(|v| v.as_str()),
+                Some("max-attempts")
+            );
+            assert_eq!(
+                headers.get("x-acemq-queue").and_then(|v| v.as_str()),
+                Some("invoices")
+            );
+        }
+        other => panic!("expected a dead-letter, got {other:?}"),
+    }
+    assert_eq!(r.published.len(), 1);
+    assert_eq!(r.published[0].queue, "invoices.dlq");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn outer_layers_see_the_final_outcome_once_and_inner_layers_see_every_attempt() {
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let (o, a) = (outcomes.clone(), attempts.clone());
+    let stack = QueueStack::new()
+        .outer(MapResponseLayer::new(move |out: Outcome| {
+            o.lock().unwrap().push(out.decision().clone());
+            out
+        }))
+        .inner(MapRequestLayer::new(move |d: Delivery| {
+            a.lock().unwrap().push(d.attempt());
+            d
+        }));
+    let q = queue(
+        "queues: [{ name: audited, retries: { max_attempts: 3, initial_delay: 1, max_delay: 1 } }]",
+    );
+    let mut h = TestQueue::with_stack(q, stack, failing(2));
+    let r = h.deliver_body("x").await;
+    assert_eq!(r.fate, Fate::Acked);
+    assert_eq!(
+        *attempts.lock().unwrap(),
+        vec![1, 2, 3],
+        "inner: every attempt"
+    );
+    assert_eq!(
+        *outcomes.lock().unwrap(),
+        vec![Decision::Ack],
+        "outer: once, the final outcome"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_queues_own_classifier_and_retry_policy_in_code_replace_the_defaults() {
+    let stack = QueueStack::new()
+        .classifier(|e: &(dyn std::error::Error + 'static)| {
+            if e.to_string().contains("invalid") {
+                Class::Permanent
+            } else {
+                Class::Transient
+            }
+        })
+        .retry_policy(RetryPolicy::exponential(
+            2,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ));
+    let q = queue("queues: [{ name: coded, dead_letter: true }]");
+    let mut h = TestQueue::with_stack(
+        q,
+        stack,
+        service_fn(|d: Delivery| async move {
+            match &d.body()[..] {
+                b"invalid" => Err::<(), BoxError>("invalid invoice".into()),
+                _ => Err("database down".into()),
+            }
+        }),
+    );
+    let r = h.deliver_body("invalid").await;
+    assert!(
+        matches!(
+            r.fate,
+            Fate::DeadLettered {
+                reason: Reason::Rejected,
+                ..
+            }
+        ),
+        "{:?}",
+        r.fate
+    );
+    assert_eq!(r.attempts.len(), 1, "permanent: no retry");
+    // The config has no retries; the policy in code gives two attempts.
+    let r = h.deliver_body("other").await;
+    assert_eq!(r.attempts.len(), 2, "{:?}", r.attempts);
+    assert!(
+        matches!(
+            r.fate,
+            Fate::DeadLettered {
+                reason: Reason::MaxAttempts,
+                ..
+            }
+        ),
+        "{:?}",
+        r.fate
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_outer_layer_that_fails_hands_the_delivery_back_instead_of_inventing_a_decision() {
+    #[derive(Clone)]
+    struct Refuses;
+    impl<S> tower::Layer<S> for Refuses {
+        type Service = tower::util::BoxCloneService<Delivery, Outcome, BoxError>;
+        fn layer(&self, _inner: S) -> Self::Service {
+            tower::util::BoxCloneService::new(service_fn(|_d: Delivery| async {
+                Err::<Outcome, BoxError>("circuit open".into())
+            }))
+        }
+    }
+    let q = queue("queues: [{ name: guarded }]");
+    let mut h = TestQueue::with_stack(q, QueueStack::new().outer(Refuses), failing(0));
+    let r = h.deliver_body("x").await;
+    assert_eq!(r.fate, Fate::HandedBack);
+    assert!(r.attempts.is_empty(), "the handler was never reached");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_nacked_dead_letter_copy_is_rejected_to_the_queues_own_dead_letter_exchange() {
+    let q = queue("queues: [{ name: nacked, dead_letter: true }]");
+    let mut h = TestQueue::new(
+        q,
+        service_fn(|_d: Delivery| async { Err::<(), BoxError>(acemq::Reject::new("no").into()) }),
+    );
+    h.publisher().answer("nacked.dlq", PublishMode::Nack);
+    let r = h.deliver_body("x").await;
+    assert!(
+        matches!(
+            r.fate,
+            Fate::RejectedToDlx {
+                reason: Reason::Rejected,
+                ..
+            }
+        ),
+        "{:?}",
+        r.fate
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn once_the_drain_began_a_failure_moves_to_its_rung_or_is_handed_back_never_waits_here() {
+    let q = queue("queues: [{ name: draining, retries: { max_attempts: 3, initial_delay: 60, max_delay: 60, broker_wait_threshold: 60 } }]");
+    // 60 s is at the threshold: straight to the rung, no wait.
+    let mut h = TestQueue::new(q, failing(99));
+    let r = h.deliver_body("x").await;
+    assert!(matches!(r.fate, Fate::RetriedOnRung { .. }), "{:?}", r.fate);
+
+    // Once the drain has begun, a failure is not retried here.
+    let q = queue(
+        "queues: [{ name: drained, retries: { max_attempts: 3, initial_delay: 1, max_delay: 1 } }]",
+    );
+    let mut h = TestQueue::new(q, failing(99));
+    h.start_drain();
+    let r = h.deliver_body("x").await;
+    assert_eq!(r.fate, Fate::HandedBack, "no rung for 1 s: handed back");
+    assert_eq!(r.attempts.len(), 1);
+}
