@@ -87,6 +87,28 @@ pub struct Config {
     /// What a drain does with deliveries the broker sent ahead that no
     /// handler has started (default [`PrefetchPolicy::HandBack`]).
     pub prefetch_policy: PrefetchPolicy,
+    /// The brokers to connect to, e.g. the nodes of a cluster (default:
+    /// empty, meaning `AMQP_ADDR` or the local default). Tried in shuffled
+    /// order, the first that answers wins; on a loss the others are tried.
+    /// `AMQP_ADDR` (one address, or several separated by commas) overrides
+    /// this list, and an address given in code overrides both: see
+    /// [`crate::connection::resolve_addresses`].
+    pub addresses: Vec<String>,
+    /// The heartbeat interval to ask the broker for (default: none, the
+    /// broker's own, 60 s on RabbitMQ). A dead peer is noticed after about
+    /// two intervals. A `heartbeat=` in an address's query wins over this.
+    #[serde(deserialize_with = "duration::option::deserialize")]
+    pub heartbeat: Option<Duration>,
+    /// TLS files for `amqps://` addresses (default: none, the OS's root
+    /// certificates and no client certificate). Needs the `tls` feature.
+    pub tls: Option<TlsConfig>,
+    /// How long an operator pause may hold a queue's deliveries before they
+    /// are handed back to the broker and the queue's consumer is cancelled,
+    /// so other instances take the work (and the broker's
+    /// `consumer_timeout`, 30 min by default, is never reached); resume
+    /// consumes again (default 30 s; `0` hands back at once).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub pause_hand_back_after: Duration,
     /// The queues to consume, started in this order (no default: at least
     /// one is required).
     pub queues: Vec<QueueConfig>,
@@ -95,6 +117,28 @@ pub struct Config {
     /// Exchanges to declare before the queues are bound to them (default
     /// none). See [`ExchangeConfig`].
     pub exchanges: Vec<ExchangeConfig>,
+}
+
+/// TLS files for `amqps://` addresses: a CA bundle to trust instead of the
+/// OS's roots, and a client certificate with its key for brokers that
+/// authenticate clients by certificate. Paths are read at connect time.
+///
+/// ```yaml
+/// tls:
+///   ca_file: /etc/acemq/ca.pem
+///   cert_file: /etc/acemq/client.pem   # with key_file, or neither
+///   key_file: /etc/acemq/client.key    # PKCS#8, PEM
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the certificate authorities to trust (the broker's chain).
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key, PKCS#8 (with
+    /// `cert_file`).
+    pub key_file: Option<PathBuf>,
 }
 
 /// What a drain does with deliveries buffered in the channel that no handler
@@ -420,7 +464,7 @@ impl ConfigError {
         }
     }
 
-    fn invalid(
+    pub(crate) fn invalid(
         field: impl Into<String>,
         problem: impl Into<String>,
         fix: impl Into<String>,
@@ -443,6 +487,10 @@ impl Default for Config {
             host_timeout: Config::DEFAULT_HOST_TIMEOUT,
             connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             prefetch_policy: PrefetchPolicy::HandBack,
+            addresses: Vec::new(),
+            heartbeat: None,
+            tls: None,
+            pause_hand_back_after: Config::DEFAULT_PAUSE_HAND_BACK_AFTER,
             queues: Vec::new(),
             exchanges: Vec::new(),
         }
@@ -458,6 +506,8 @@ impl Config {
     pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default `connect_timeout`: 10 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The default `pause_hand_back_after`: 30 s.
+    pub const DEFAULT_PAUSE_HAND_BACK_AFTER: Duration = Duration::from_secs(30);
 
     /// The defaults with these queues, a starting point for a config built in
     /// code (the struct is `#[non_exhaustive]`: set the other fields on the
@@ -555,6 +605,34 @@ impl Config {
                 "is 0",
                 "set it to how long connecting may take, e.g. 10s (the default)",
             ));
+        }
+        for (i, addr) in self.addresses.iter().enumerate() {
+            if let Err(reason) = crate::connection::check_address(addr) {
+                return Err(ConfigError::invalid(
+                    format!("addresses[{i}]"),
+                    reason,
+                    "give each address as amqp://user:password@host:port/vhost (amqps:// for TLS)",
+                ));
+            }
+        }
+        if self
+            .heartbeat
+            .is_some_and(|h| h.as_secs() == 0 || h.as_secs() > u64::from(u16::MAX))
+        {
+            return Err(ConfigError::invalid(
+                "heartbeat",
+                "is below 1 s or above 65535 s",
+                "give whole seconds between 1 and 65535, e.g. 30 (or leave it out for the broker's 60 s)",
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                return Err(ConfigError::invalid(
+                    "tls",
+                    "has one of cert_file and key_file but not the other",
+                    "give both (the client certificate and its key) or neither",
+                ));
+            }
         }
         if self.queues.is_empty() {
             return Err(ConfigError::invalid(
@@ -1421,6 +1499,35 @@ retries = { max_attempts = 5, initial_delay = 10, max_delay = 300, broker_wait_t
         ))
         .unwrap();
         assert_eq!(config.host_deadline_warning(), None);
+    }
+
+    #[test]
+    fn addresses_heartbeat_and_tls_files_load_and_bad_ones_name_the_field() {
+        let config = Config::from_yaml_str(&format!(
+            "addresses: [amqp://a:5672, amqp://b:5672]\nheartbeat: 15\ntls: {{ ca_file: /etc/ca.pem }}\n{}",
+            one_queue("name: q")
+        ))
+        .unwrap();
+        assert_eq!(config.addresses.len(), 2);
+        assert_eq!(config.heartbeat, Some(Duration::from_secs(15)));
+        assert_eq!(
+            config.tls.as_ref().and_then(|t| t.ca_file.clone()),
+            Some(PathBuf::from("/etc/ca.pem"))
+        );
+        let bad = Config::from_yaml_str(&format!(
+            "addresses: [amqp://a:5672, \"http://b\"]\n{}",
+            one_queue("name: q")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("addresses[1]"), "{bad}");
+        let half = Config::from_yaml_str(&format!(
+            "tls: {{ cert_file: /c.pem }}\n{}",
+            one_queue("name: q")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(half.contains("key_file"), "{half}");
     }
 
     #[test]

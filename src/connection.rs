@@ -1,20 +1,175 @@
 //! Connecting to the broker, with the password kept out of every message.
+//!
+//! One address is the common case ([`connect`]); a cluster gives several
+//! ([`connect_any`] tries them in shuffled order, so a fleet spreads over
+//! the nodes). Where the addresses come from is decided in one place,
+//! [`resolve_addresses`]: an address given in code, then `AMQP_ADDR` (one
+//! address or several separated by commas), then the config's `addresses`,
+//! then [`DEFAULT_AMQP_ADDR`].
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
 use std::time::Duration;
 
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::LongString;
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties, DefaultConnectionBuilder};
 
-/// The address used when `AMQP_ADDR` is not set.
+use crate::config::{Config, TlsConfig};
+
+/// The address used when neither code, `AMQP_ADDR` nor the config gives one.
 pub const DEFAULT_AMQP_ADDR: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// The broker address: `AMQP_ADDR`, or [`DEFAULT_AMQP_ADDR`].
+/// The broker address: `AMQP_ADDR`, or [`DEFAULT_AMQP_ADDR`]. With a
+/// comma-separated `AMQP_ADDR` this is the whole list as written; use
+/// [`resolve_addresses`] to get it split.
 pub fn amqp_addr_from_env() -> String {
     std::env::var("AMQP_ADDR").unwrap_or_else(|_| DEFAULT_AMQP_ADDR.to_owned())
 }
 
-/// The address with its password replaced by `***`, safe to log.
+/// The broker addresses to use, in precedence order:
+///
+/// 1. `from_code` (e.g. `App::amqp_addr`), when given and not empty;
+/// 2. the `AMQP_ADDR` environment variable, when set and not blank: one
+///    address, or several separated by commas;
+/// 3. the config's `addresses`, when not empty;
+/// 4. [`DEFAULT_AMQP_ADDR`].
+///
+/// Each entry of `from_code` and of the config may itself be a
+/// comma-separated list. Blank entries are dropped; the order is kept
+/// ([`connect_any`] shuffles).
+pub fn resolve_addresses(from_code: Option<&[String]>, config: &[String]) -> Vec<String> {
+    resolve_addresses_with(
+        from_code,
+        std::env::var("AMQP_ADDR").ok().as_deref(),
+        config,
+    )
+}
+
+/// [`resolve_addresses`] with the value of `AMQP_ADDR` given (for tests and
+/// callers that read their environment elsewhere).
+pub fn resolve_addresses_with(
+    from_code: Option<&[String]>,
+    amqp_addr: Option<&str>,
+    config: &[String],
+) -> Vec<String> {
+    let split = |items: &mut dyn Iterator<Item = &str>| -> Vec<String> {
+        items
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    if let Some(code) = from_code {
+        let v = split(&mut code.iter().map(String::as_str));
+        if !v.is_empty() {
+            return v;
+        }
+    }
+    if let Some(env) = amqp_addr {
+        let v = split(&mut std::iter::once(env));
+        if !v.is_empty() {
+            return v;
+        }
+    }
+    let v = split(&mut config.iter().map(String::as_str));
+    if !v.is_empty() {
+        return v;
+    }
+    vec![DEFAULT_AMQP_ADDR.to_owned()]
+}
+
+/// Checks that `addr` is an `amqp://` or `amqps://` URL with a host; the
+/// error says what is wrong (password hidden).
+pub fn check_address(addr: &str) -> Result<(), String> {
+    let u = url::Url::parse(addr).map_err(|e| format!("{} is not a URL: {e}", redact(addr)))?;
+    if u.scheme() != "amqp" && u.scheme() != "amqps" {
+        return Err(format!(
+            "{} has the scheme {:?}, not amqp or amqps",
+            redact(addr),
+            u.scheme()
+        ));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{} has no host", redact(addr)));
+    }
+    Ok(())
+}
+
+/// `addresses` in a random order (a fleet of processes spreads over a
+/// cluster's nodes).
+pub fn shuffled(addresses: &[String]) -> Vec<String> {
+    let mut v = addresses.to_vec();
+    let state = RandomState::new();
+    for i in (1..v.len()).rev() {
+        let mut h = state.build_hasher();
+        h.write_usize(i);
+        let j = (h.finish() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
+/// How to connect, beyond the address: the heartbeat to ask for and the
+/// TLS files. [`ConnectOptions::from_config`] takes them from a [`Config`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The heartbeat interval to ask for (whole seconds); `None` takes the
+    /// broker's. An address's own `heartbeat=` query wins.
+    pub heartbeat: Option<Duration>,
+    /// CA bundle and client certificate for `amqps://` addresses.
+    pub tls: Option<TlsConfig>,
+}
+
+impl ConnectOptions {
+    /// The heartbeat and TLS settings of `config`.
+    pub fn from_config(config: &Config) -> Self {
+        ConnectOptions {
+            heartbeat: config.heartbeat,
+            tls: config.tls.clone(),
+        }
+    }
+
+    /// These options with `heartbeat`.
+    pub fn with_heartbeat(mut self, heartbeat: Option<Duration>) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// These options with `tls`.
+    pub fn with_tls(mut self, tls: Option<TlsConfig>) -> Self {
+        self.tls = tls;
+        self
+    }
+}
+
+/// A connection, and which address answered.
+#[derive(Debug)]
+pub struct Connected {
+    /// The open connection.
+    pub connection: Connection,
+    /// The address that answered, password hidden (safe to log and to show
+    /// in a health snapshot).
+    pub address: String,
+    /// Its index in the list given to [`connect_any`].
+    pub index: usize,
+}
+
+/// The address with its password replaced by `***`, safe to log. A
+/// comma-separated list is redacted address by address.
 pub fn redact(addr: &str) -> String {
+    if addr.contains(',') {
+        return addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(redact)
+            .collect::<Vec<_>>()
+            .join(",");
+    }
     match url::Url::parse(addr) {
         Ok(mut u) => {
             if u.password().is_some() {
@@ -72,6 +227,23 @@ pub enum ConnectError {
         /// The connect timeout.
         timeout: Duration,
     },
+    /// A TLS file could not be used.
+    #[error("TLS file {path} ({field}) could not be used: {reason}")]
+    Tls {
+        /// The config field, e.g. `tls.ca_file`.
+        field: &'static str,
+        /// The file.
+        path: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Several addresses were tried and none answered; each one's failure
+    /// in the order tried.
+    #[error("no broker answered at any of the {} addresses tried: {}; start RabbitMQ there or fix `addresses` (or AMQP_ADDR)", .tried.len(), .tried.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    NoneAnswered {
+        /// Each address's failure, in the order tried.
+        tried: Vec<ConnectError>,
+    },
     /// Another failure (refused connection, TLS, protocol).
     #[error("could not connect to {redacted}: {reason}; is RabbitMQ running there? (set AMQP_ADDR to point elsewhere)")]
     Other {
@@ -83,44 +255,152 @@ pub enum ConnectError {
 }
 
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
-/// by `rabbitmqctl list_connections client_properties`).
+/// by `rabbitmqctl list_connections client_properties`). A comma-separated
+/// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
 pub async fn connect(
     addr: &str,
     name: &str,
     timeout: Duration,
 ) -> Result<Connection, ConnectError> {
-    let redacted = redact(addr);
-    check_address(addr)?;
-    let props =
-        ConnectionProperties::default().with_connection_name(LongString::from(name.to_owned()));
-    match tokio::time::timeout(timeout, Connection::connect(addr, props)).await {
-        Err(_) => Err(ConnectError::Timeout { redacted, timeout }),
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(map_connect_error(addr, e)),
+    if addr.contains(',') {
+        let list = resolve_addresses_with(Some(&[addr.to_owned()]), None, &[]);
+        return connect_any(&list, name, timeout, &ConnectOptions::default())
+            .await
+            .map(|c| c.connection);
+    }
+    connect_with(addr, name, timeout, &ConnectOptions::default()).await
+}
+
+/// Tries `addresses` in shuffled order, each within `timeout`, and returns
+/// the first connection that opens, with the (redacted) address that
+/// answered. With one address its own error comes back; with several,
+/// [`ConnectError::NoneAnswered`] names every address tried and why each
+/// failed (a start that gets it exits 69).
+pub async fn connect_any(
+    addresses: &[String],
+    name: &str,
+    timeout: Duration,
+    options: &ConnectOptions,
+) -> Result<Connected, ConnectError> {
+    let order = shuffled(addresses);
+    let mut tried = Vec::with_capacity(order.len());
+    for addr in &order {
+        match connect_with(addr, name, timeout, options).await {
+            Ok(connection) => {
+                let index = addresses.iter().position(|a| a == addr).unwrap_or(0);
+                return Ok(Connected {
+                    connection,
+                    address: redact(addr),
+                    index,
+                });
+            }
+            Err(e) => {
+                tracing::debug!(broker = %redact(addr), "connect failed: {e}");
+                tried.push(e);
+            }
+        }
+    }
+    match tried.len() {
+        0 => Err(ConnectError::BadAddress {
+            redacted: String::new(),
+            reason: "no address given".to_owned(),
+        }),
+        1 => Err(tried.remove(0)),
+        _ => Err(ConnectError::NoneAnswered { tried }),
     }
 }
 
-/// Checks that `addr` is an `amqp://` or `amqps://` URL before anything is
-/// tried: a bad address is a config error (exit 78), not an unreachable
-/// broker.
-pub fn check_address(addr: &str) -> Result<(), ConnectError> {
-    let bad = |reason: String| ConnectError::BadAddress {
-        redacted: redact(addr),
-        reason,
+/// `addr` with `heartbeat=<secs>` added to its query, unless it has one.
+fn with_heartbeat(addr: &str, heartbeat: Option<Duration>) -> String {
+    let (Some(h), Ok(mut u)) = (heartbeat, url::Url::parse(addr)) else {
+        return addr.to_owned();
     };
-    match url::Url::parse(addr) {
-        Err(url::ParseError::RelativeUrlWithoutBase) => Err(bad(
-            "it has no scheme: write it as amqp://user:password@host:5672/vhost".to_owned(),
-        )),
-        Err(e) => Err(bad(e.to_string())),
-        Ok(u) if u.scheme() != "amqp" && u.scheme() != "amqps" => Err(bad(format!(
-            "its scheme is {:?}, not amqp or amqps: write it as amqp://user:password@host:5672/vhost",
-            u.scheme()
-        ))),
-        Ok(u) if u.host_str().is_none_or(str::is_empty) => Err(bad(
-            "it names no host: write it as amqp://user:password@host:5672/vhost".to_owned(),
-        )),
-        Ok(_) => Ok(()),
+    if u.query_pairs().any(|(k, _)| k == "heartbeat") {
+        return addr.to_owned();
+    }
+    u.query_pairs_mut()
+        .append_pair("heartbeat", &h.as_secs().to_string());
+    u.to_string()
+}
+
+fn read_tls_file(field: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|e| ConnectError::Tls {
+        field,
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The TLS settings lapin takes, read from the files `tls` names.
+fn tls_config(tls: Option<&TlsConfig>) -> Result<OwnedTLSConfig, ConnectError> {
+    let Some(tls) = tls else {
+        return Ok(OwnedTLSConfig::default());
+    };
+    if !cfg!(feature = "tls") && (tls.ca_file.is_some() || tls.cert_file.is_some()) {
+        return Err(ConnectError::Tls {
+            field: "tls",
+            path: tls
+                .ca_file
+                .as_ref()
+                .or(tls.cert_file.as_ref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            reason:
+                "acemq was built without its `tls` feature; enable it to use amqps:// and TLS files"
+                    .to_owned(),
+        });
+    }
+    let cert_chain = match &tls.ca_file {
+        Some(p) => Some(
+            String::from_utf8(read_tls_file("tls.ca_file", p)?).map_err(|_| ConnectError::Tls {
+                field: "tls.ca_file",
+                path: p.display().to_string(),
+                reason: "not a PEM (text) file".to_owned(),
+            })?,
+        ),
+        None => None,
+    };
+    let identity = match (&tls.cert_file, &tls.key_file) {
+        (Some(c), Some(k)) => Some(OwnedIdentity::PKCS8 {
+            pem: read_tls_file("tls.cert_file", c)?,
+            key: read_tls_file("tls.key_file", k)?,
+        }),
+        _ => None,
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+/// Connects to `addr` within `timeout` with `options`, naming the
+/// connection `name`.
+pub async fn connect_with(
+    addr: &str,
+    name: &str,
+    timeout: Duration,
+    options: &ConnectOptions,
+) -> Result<Connection, ConnectError> {
+    let redacted = redact(addr);
+    if let Err(reason) = check_address(addr) {
+        return Err(ConnectError::BadAddress { redacted, reason });
+    }
+    let tls = tls_config(options.tls.as_ref())?;
+    let uri = with_heartbeat(addr, options.heartbeat);
+    let props =
+        ConnectionProperties::default().with_connection_name(LongString::from(name.to_owned()));
+    let attempt = async {
+        DefaultConnectionBuilder::new()?
+            .with_uri_str(uri)
+            .with_properties(props)
+            .with_tls_config(tls)
+            .connect()
+            .await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Err(_) => Err(ConnectError::Timeout { redacted, timeout }),
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(map_connect_error(addr, e)),
     }
 }
 
@@ -207,5 +487,103 @@ mod tests {
         let r = redact("amqp://user:s3cret@host:5672/%2f");
         assert!(!r.contains("s3cret"), "{r}");
         assert!(r.contains("user:***@host"), "{r}");
+        let list = redact("amqp://u:s3cret@a:1/%2f, amqp://u:s3cret@b:2/%2f");
+        assert_eq!(list, "amqp://u:***@a:1/%2f,amqp://u:***@b:2/%2f");
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn addresses_come_from_code_then_amqp_addr_then_config_then_the_default() {
+        let code = strings(&["amqp://code"]);
+        let config = strings(&["amqp://c1", "amqp://c2"]);
+        assert_eq!(
+            resolve_addresses_with(Some(&code), Some("amqp://env"), &config),
+            code
+        );
+        assert_eq!(
+            resolve_addresses_with(None, Some("amqp://e1, amqp://e2,"), &config),
+            strings(&["amqp://e1", "amqp://e2"])
+        );
+        assert_eq!(resolve_addresses_with(None, Some("  "), &config), config);
+        assert_eq!(resolve_addresses_with(Some(&[]), None, &config), config);
+        assert_eq!(
+            resolve_addresses_with(None, None, &[]),
+            strings(&[DEFAULT_AMQP_ADDR])
+        );
+    }
+
+    #[test]
+    fn shuffling_keeps_every_address_once() {
+        let a = strings(&["amqp://a", "amqp://b", "amqp://c", "amqp://d"]);
+        let mut seen_first = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let mut s = shuffled(&a);
+            seen_first.insert(s[0].clone());
+            s.sort();
+            assert_eq!(s, a);
+        }
+        assert!(seen_first.len() > 1, "the order varies: {seen_first:?}");
+    }
+
+    #[test]
+    fn a_heartbeat_is_added_to_the_query_unless_the_address_has_one() {
+        let h = Some(Duration::from_secs(15));
+        assert_eq!(
+            with_heartbeat("amqp://u:p@h:5672/%2f", h),
+            "amqp://u:p@h:5672/%2f?heartbeat=15"
+        );
+        assert_eq!(
+            with_heartbeat("amqp://h/%2f?heartbeat=5", h),
+            "amqp://h/%2f?heartbeat=5"
+        );
+        assert_eq!(with_heartbeat("amqp://h/%2f", None), "amqp://h/%2f");
+    }
+
+    #[test]
+    fn bad_addresses_are_named_without_their_password() {
+        let e = check_address("http://u:s3cret@h/").unwrap_err();
+        assert!(e.contains("scheme") && !e.contains("s3cret"), "{e}");
+        assert!(check_address("not a url").is_err());
+        assert!(check_address("amqp://h:5672/%2f").is_ok());
+    }
+
+    #[tokio::test]
+    async fn when_no_address_answers_the_error_names_every_address_tried() {
+        // Ports nothing listens on (refused at once).
+        let addrs = strings(&[
+            "amqp://guest:s3cret@127.0.0.1:1/%2f",
+            "amqp://guest:s3cret@127.0.0.1:2/%2f",
+        ]);
+        let e = connect_any(
+            &addrs,
+            "t",
+            Duration::from_secs(5),
+            &ConnectOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, ConnectError::NoneAnswered { ref tried } if tried.len() == 2),
+            "{e:?}"
+        );
+        assert!(
+            text.contains("127.0.0.1:1") && text.contains("127.0.0.1:2"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_tls_file_is_named() {
+        let tls = TlsConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsConfig::default()
+        };
+        let e = tls_config(Some(&tls)).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     }
 }

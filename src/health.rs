@@ -54,6 +54,8 @@ pub struct UnknownQueue(pub String);
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Which broker address each connection answered on (redacted).
+    brokers: std::sync::Mutex<[Option<String>; 2]>,
     connected: AtomicBool,
     publisher_connected: AtomicBool,
     blocked: AtomicBool,
@@ -79,6 +81,11 @@ pub struct HealthSnapshot {
     pub connected: bool,
     /// The publishing connection is open.
     pub publisher_connected: bool,
+    /// The broker address (password hidden) the consumers' connection
+    /// answered on: with several `addresses`, which node this is.
+    pub broker: Option<String>,
+    /// The same for the publishing connection.
+    pub publisher_broker: Option<String>,
     /// The broker has blocked the publishing connection (a resource alarm).
     pub publisher_blocked: bool,
     /// The drain has begun.
@@ -150,6 +157,14 @@ impl Health {
             Role::Publisher => &self.inner.publisher_connected,
         };
         flag.store(connected, Ordering::Release);
+    }
+
+    pub(crate) fn set_broker(&self, role: Role, broker: Option<String>) {
+        let i = match role {
+            Role::Consumer => 0,
+            Role::Publisher => 1,
+        };
+        self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[i] = broker;
     }
 
     pub(crate) fn set_blocked(&self, role: Role, blocked: bool) {
@@ -252,6 +267,9 @@ impl Health {
             connected: self.inner.connected.load(Ordering::Acquire),
             publisher_connected: self.inner.publisher_connected.load(Ordering::Acquire),
             publisher_blocked: self.inner.blocked.load(Ordering::Acquire),
+            broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[0].clone(),
+            publisher_broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[1]
+                .clone(),
             draining: self.is_draining(),
             queues,
         }

@@ -293,7 +293,14 @@ impl Publisher {
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
                 Err(PublishError::Unroutable { queue: target })
             }
-            Confirmation::Nack(None) => Err(PublishError::Nacked { queue: target }),
+            Confirmation::Nack(None) => {
+                // Seen on RabbitMQ 3.10 after a quorum leader moved: every
+                // publish on the old channel was nacked for a minute, while a
+                // fresh channel was accepted at once. The next publish opens
+                // a new one.
+                self.close();
+                Err(PublishError::Nacked { queue: target })
+            }
         }
     }
 

@@ -237,3 +237,55 @@ async fn a_pause_and_resume_before_the_first_poll_lets_the_request_through() {
     assert_eq!(fut.await.unwrap(), Decision::Ack);
     assert_eq!(*calls.lock().unwrap(), [1]);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn hand_back_held_returns_what_is_held_and_holds_later_requests_again() {
+    let gate = PauseHandle::new();
+    let (calls, svc) = recording();
+    let svc = ServiceBuilder::new()
+        .layer(PauseLayer::new(gate.clone()))
+        .service(svc);
+    assert!(gate.pause());
+    let first = tokio::spawn(svc.clone().oneshot(delivery(1)));
+    let second = tokio::spawn(svc.clone().oneshot(delivery(2)));
+    tokio::task::yield_now().await;
+    assert_eq!(gate.held(), 2);
+
+    gate.hand_back_held();
+    assert_eq!(first.await.unwrap().unwrap(), Decision::HandBack);
+    assert_eq!(second.await.unwrap().unwrap(), Decision::HandBack);
+    assert!(gate.is_paused(), "still paused");
+    assert_eq!(gate.held(), 0);
+
+    let third = tokio::spawn(svc.clone().oneshot(delivery(3)));
+    tokio::task::yield_now().await;
+    assert_eq!(gate.held(), 1, "a later request is held again");
+    gate.resume();
+    assert_eq!(third.await.unwrap().unwrap(), Decision::Ack);
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![3],
+        "only the later one reached the handler"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn paused_for_resolves_only_after_an_unbroken_pause_of_the_bound() {
+    use std::time::Duration;
+    let gate = PauseHandle::new();
+    let g = gate.clone();
+    let watch = tokio::spawn(async move { g.paused_for(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!watch.is_finished(), "open: never");
+    gate.pause();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    gate.resume();
+    gate.pause();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        !watch.is_finished(),
+        "a resume in between starts the bound over"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(watch.is_finished(), "10 s unbroken: resolved");
+}

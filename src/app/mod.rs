@@ -25,7 +25,7 @@ use tower::{Layer, Service};
 use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, QueueConfig};
-use crate::connection::{amqp_addr_from_env, connect, redact, ConnectError};
+use crate::connection::{connect_any, redact, resolve_addresses, ConnectError, ConnectOptions};
 use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
 use crate::health::{Health, Role};
@@ -336,11 +336,23 @@ impl App {
                 config.host_timeout
             );
         }
-        let addr = addr.unwrap_or_else(amqp_addr_from_env);
+        // Code, then AMQP_ADDR (may be a comma-separated list), then the
+        // config's `addresses`, then the local default.
+        let code: Option<Vec<String>> = addr.map(|a| vec![a]);
+        let addresses = resolve_addresses(code.as_deref(), &config.addresses);
+        let options = ConnectOptions::from_config(&config);
         tokio::pin!(stop);
         let mut opened: Vec<Arc<lapin::Connection>> = Vec::new();
         let result = {
-            let phases = start_phases(&config, &declared, &addr, &name, &mut opened);
+            let phases = start_phases(
+                &config,
+                &declared,
+                &addresses,
+                &options,
+                &name,
+                &health,
+                &mut opened,
+            );
             tokio::select! {
                 r = phases => r,
                 signal = &mut stop => Err(StartError::Stopped { signal }),
@@ -386,7 +398,8 @@ impl App {
         ));
         let shared = Arc::new(Shared {
             link: link.clone(),
-            addr,
+            addresses,
+            options,
             name,
             slots,
             health: health.clone(),
@@ -402,10 +415,32 @@ impl App {
         });
         health.set_connected(Role::Consumer, true);
         health.set_connected(Role::Publisher, true);
+        // Every first generation is installed (registered for the drain,
+        // its loop spawned) before `Running` exists.
         for (index, opened) in first.into_iter().enumerate() {
+            let installed = match shared.install(index, opened) {
+                Ok(Some(i)) => i,
+                Ok(None) => unreachable!("no drain can have begun before start returns"),
+                Err(panic) => {
+                    shared.intake.cancel();
+                    for c in [&consume_conn, &publish_conn] {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into()))
+                                .await;
+                    }
+                    return Err(StartError::Config(ConfigError::invalid(
+                        format!("queues[{index}]"),
+                        format!(
+                            "{:?}: building its handler stack panicked: {panic}",
+                            shared.config.queues[index].name
+                        ),
+                        "fix the layer or handler given to App::consume for it",
+                    )));
+                }
+            };
             shared
                 .tracker
-                .spawn(supervisor::run_queue(shared.clone(), index, opened));
+                .spawn(supervisor::run_queue(shared.clone(), index, installed));
         }
         tokio::spawn(supervisor::supervise(shared.clone(), true));
         tokio::spawn(supervisor::supervise(shared.clone(), false));
@@ -471,12 +506,17 @@ type Started = (
 async fn start_phases(
     config: &Config,
     declared: &Config,
-    addr: &str,
+    addresses: &[String],
+    options: &ConnectOptions,
     name: &str,
+    health: &Health,
     opened: &mut Vec<Arc<lapin::Connection>>,
 ) -> Result<Started, StartError> {
-    info!(broker = %redact(addr), "connecting");
-    let consume_conn = Arc::new(connect(addr, name, config.connect_timeout).await?);
+    info!(broker = %redact(&addresses.join(",")), "connecting");
+    let c = connect_any(addresses, name, config.connect_timeout, options).await?;
+    info!(broker = %c.address, connection = name, "connected (consumers)");
+    health.set_broker(Role::Consumer, Some(c.address));
+    let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
     let topology = Topology::from_config(declared);
     topology.declare(&consume_conn).await?;
@@ -491,13 +531,14 @@ async fn start_phases(
             .join(", ")
     );
     let publish_name = format!("{name}{}", Role::Publisher.suffix());
-    let publish_conn = Arc::new(
-        connect(addr, &publish_name, config.connect_timeout)
-            .await
-            .map_err(|e| StartError::Publisher {
-                message: e.to_string(),
-            })?,
-    );
+    let p = connect_any(addresses, &publish_name, config.connect_timeout, options)
+        .await
+        .map_err(|e| StartError::Publisher {
+            message: e.to_string(),
+        })?;
+    info!(broker = %p.address, connection = %publish_name, "connected (publisher)");
+    health.set_broker(Role::Publisher, Some(p.address));
+    let publish_conn = Arc::new(p.connection);
     opened.push(publish_conn.clone());
     // Consumers start only now, after the topology is declared.
     let mut first = Vec::new();

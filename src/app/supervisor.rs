@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 
 use super::{LoopFuture, StartError, Starter};
 use crate::config::{Config, QueueConfig};
-use crate::connection::{connect, redact};
+use crate::connection::{connect_any, ConnectOptions};
 use crate::consumer::{End, QueueStats};
 use crate::drain::{Link, QueueHandle};
 use crate::health::{Health, Role};
@@ -129,7 +129,8 @@ pub(crate) struct QueueSlot {
 pub(crate) struct Shared {
     pub(crate) link: Arc<Link>,
     pub(crate) config: Config,
-    pub(crate) addr: String,
+    pub(crate) addresses: Vec<String>,
+    pub(crate) options: ConnectOptions,
     pub(crate) name: String,
     pub(crate) slots: Vec<QueueSlot>,
     pub(crate) health: Health,
@@ -192,6 +193,9 @@ async fn declare_queue(
     Ok(topology.declare_for_queue(connection, q).await?)
 }
 
+/// A generation registered as its queue's live one, its loop spawned.
+pub(crate) type Installed = (tokio::task::JoinHandle<()>, oneshot::Receiver<End>, Channel);
+
 /// A reply code and text out of a lapin error, when the broker sent one.
 fn reply(error: &lapin::Error) -> Option<(u16, String)> {
     match error.kind() {
@@ -219,13 +223,11 @@ fn advice(code: u16, text: &str) -> &'static str {
 impl Shared {
     /// Builds generation `opened` of queue `index`, registers it as the
     /// queue's live one and spawns its loop — unless the drain has begun.
-    #[allow(clippy::type_complexity)]
-    fn install(
+    pub(crate) fn install(
         &self,
         index: usize,
         opened: Opened,
-    ) -> Result<Option<(tokio::task::JoinHandle<()>, oneshot::Receiver<End>, Channel)>, String>
-    {
+    ) -> Result<Option<Installed>, String> {
         let q = &self.config.queues[index];
         let slot = &self.slots[index];
         let (tx, rx) = oneshot::channel();
@@ -274,15 +276,17 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// One queue's runner: runs its generations until the drain.
-pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Opened) {
+pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installed) {
     let q = &shared.config.queues[index];
     let stats = shared.slots[index].stats.clone();
     let mut backoff = Backoff::new();
-    let mut next = Some(first);
+    let mut first = Some(first);
     loop {
-        let opened = match next.take() {
-            Some(o) => o,
-            None => {
+        let started = Instant::now();
+        let installed = if let Some(i) = first.take() {
+            i
+        } else {
+            let opened = {
                 let connection = tokio::select! {
                     () = shared.intake.cancelled() => return,
                     c = shared.consume.connected() => c,
@@ -311,30 +315,57 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Opened) 
                         continue;
                     }
                 }
-            }
-        };
-        let started = Instant::now();
-        let (join, ended, channel) = match shared.install(index, opened) {
-            Ok(Some(g)) => g,
-            Ok(None) => return,
-            Err(panic) => {
-                error!(queue = %q.name, "building the handler stack panicked ({panic}); the queue is consumed again after a backoff");
-                stats.down.store(true, Ordering::Release);
-                recovered(&q.name, "panic");
-                if !sleep_or_stop(&shared, backoff.next_delay()).await {
+            };
+            let channel = opened.channel.clone();
+            match shared.install(index, opened) {
+                Ok(Some(g)) => g,
+                Ok(None) => {
+                    // The drain began meanwhile: this consumer never ran.
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        channel.close(200, "OK".into()),
+                    )
+                    .await;
                     return;
                 }
-                continue;
+                Err(panic) => {
+                    error!(queue = %q.name, "building the handler stack panicked ({panic}); the queue is consumed again after a backoff");
+                    stats.down.store(true, Ordering::Release);
+                    recovered(&q.name, "panic");
+                    if !sleep_or_stop(&shared, backoff.next_delay()).await {
+                        return;
+                    }
+                    continue;
+                }
             }
         };
+        let (join, ended, channel) = installed;
         if stats.down.load(Ordering::Acquire) {
             stats.down.store(false, Ordering::Release);
         }
         info!(queue = %q.name, "consuming");
         tokio::pin!(join);
-        let why = tokio::select! {
-            why = ended => why.map_err(|_| None),
-            res = &mut join => Err(Some(res)),
+        let mut ended = ended;
+        let gate = &shared.slots[index].gate;
+        let bound = shared.config.pause_hand_back_after;
+        let mut parked = false;
+        let why = loop {
+            tokio::select! {
+                why = &mut ended => break why.map_err(|_| None),
+                res = &mut join => break Err(Some(res)),
+                () = gate.paused_for(bound), if !parked => {
+                    parked = true;
+                    stats.parked.store(true, Ordering::Release);
+                    info!(queue = %q.name, "paused for longer than pause_hand_back_after ({bound:?}): its consumer is cancelled and its deliveries handed back, so other instances take the work; resume consumes it again");
+                    let tag = format!("{}-{}", shared.name, q.name);
+                    let cancel = channel.basic_cancel(tag.as_str().into(), lapin::options::BasicCancelOptions::default());
+                    if let Err(e) = tokio::time::timeout(Duration::from_secs(2), cancel).await.unwrap_or(Ok(())) {
+                        warn!(queue = %q.name, "basic.cancel failed ({e}); closing the channel hands the deliveries back instead");
+                        let _ = tokio::time::timeout(Duration::from_secs(2), channel.close(200, "paused".into())).await;
+                    }
+                    gate.hand_back_held();
+                }
+            }
         };
         let why = match why {
             Ok(why) => Some(why),
@@ -434,6 +465,14 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Opened) 
                     return;
                 }
             }
+            Some(End::Parked) => {
+                tokio::select! {
+                    () = shared.intake.cancelled() => return,
+                    () = gate.resumed() => {}
+                }
+                stats.parked.store(false, Ordering::Release);
+                info!(queue = %q.name, "resumed: consuming the queue again");
+            }
             Some(End::ServiceFailed(why)) => {
                 tracing::debug!(queue = %q.name, "the stack failed: {why}");
                 stats.down.store(true, Ordering::Release);
@@ -515,19 +554,26 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
         loop {
             let attempt = async {
                 let name = format!("{}{}", shared.name, role.suffix());
-                let c =
-                    Arc::new(connect(&shared.addr, &name, shared.config.connect_timeout).await?);
+                let connected = connect_any(
+                    &shared.addresses,
+                    &name,
+                    shared.config.connect_timeout,
+                    &shared.options,
+                )
+                .await?;
+                let broker = connected.address.clone();
+                let c = Arc::new(connected.connection);
                 if consuming {
                     shared.topology.declare(&c).await?;
                 }
-                Ok::<_, StartError>(c)
+                Ok::<_, StartError>((c, broker))
             };
             let result = tokio::select! {
                 () = shared.intake.cancelled() => return,
                 r = attempt => r,
             };
             match result {
-                Ok(c) => {
+                Ok((c, broker)) => {
                     if shared.intake.is_cancelled() {
                         let _ = c.close(200, "OK".into()).await;
                         return;
@@ -539,9 +585,10 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
                         .unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
                     conn.tx.send_replace(Some(c));
                     shared.health.set_connected(role, true);
+                    shared.health.set_broker(role, Some(broker.clone()));
                     info!(
                         connection = role.as_str(),
-                        broker = %redact(&shared.addr),
+                        broker = %broker,
                         "reconnected to the broker{}",
                         if consuming { "; topology declared again, consumers resume" } else { "" }
                     );

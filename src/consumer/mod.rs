@@ -87,6 +87,9 @@ pub(crate) struct QueueStats {
     /// Cancelled by the drain once `basic.cancel` has been answered (or has
     /// failed, or the deadline passed).
     pub(crate) consumer_cancelled: CancellationToken,
+    /// The runner cancelled the consumer of a queue paused too long: its
+    /// work goes back to the broker until the queue is resumed.
+    pub(crate) parked: AtomicBool,
 }
 
 /// Why a generation stopped consuming (told to its queue's runner the
@@ -101,6 +104,9 @@ pub(crate) enum End {
     Lost(lapin::Error),
     /// The stack's `poll_ready` failed.
     ServiceFailed(String),
+    /// A pause lasted past `pause_hand_back_after`: the consumer was
+    /// cancelled and the work handed back.
+    Parked,
 }
 
 /// Pre-registered counter handles, so the hot path builds no metric keys.
@@ -221,6 +227,11 @@ where
         self.force_flush = true;
         if self.stopping {
             self.end(End::Drained);
+        } else if self.stats.parked.load(Ordering::Acquire) {
+            // The runner cancelled this consumer (frames on one channel are
+            // in order: the broker has the cancel before these requeues).
+            self.hand_back_buffered();
+            self.end(End::Parked);
         } else if !self.channel.status().connected() {
             self.lose(
                 lapin::ErrorKind::InvalidChannelState(

@@ -102,6 +102,10 @@ where
                     // Register before reading the state, so a resume or
                     // close after the read wakes this task.
                     notified.as_mut().enable();
+                    if guard.evicted() {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok(Decision::HandBack));
+                    }
                     match guard.shared().state() {
                         Gate::Paused => {
                             if notified.as_mut().poll(cx).is_pending() {

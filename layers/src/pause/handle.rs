@@ -1,8 +1,9 @@
 //! The gate's state, shared by the handle and every request.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -21,6 +22,8 @@ pub(crate) enum State {
 pub(crate) struct Shared {
     state: AtomicU8,
     held: AtomicUsize,
+    /// Bumped by `hand_back_held`: a request held before it is handed back.
+    evictions: AtomicU64,
     pub(crate) notify: Arc<Notify>,
 }
 
@@ -50,6 +53,7 @@ impl PauseHandle {
             shared: Arc::new(Shared {
                 state: AtomicU8::new(OPEN),
                 held: AtomicUsize::new(0),
+                evictions: AtomicU64::new(0),
                 notify: Arc::new(Notify::new()),
             }),
         }
@@ -59,10 +63,73 @@ impl PauseHandle {
     /// at [`close`](Self::close)). Does nothing on a closed gate; returns
     /// whether the gate was open.
     pub fn pause(&self) -> bool {
-        self.shared
+        let paused = self
+            .shared
             .state
             .compare_exchange(OPEN, PAUSED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if paused {
+            self.shared.notify.notify_waiters();
+        }
+        paused
+    }
+
+    /// Hands back every request held now (each resolves to
+    /// [`Decision::HandBack`](crate::Decision::HandBack)); the gate stays
+    /// paused, and requests that arrive later are held again. For a
+    /// transport that gives a long-paused queue's work back to the broker,
+    /// so other consumers can take it.
+    pub fn hand_back_held(&self) {
+        self.shared.evictions.fetch_add(1, Ordering::AcqRel);
+        self.shared.notify.notify_waiters();
+    }
+
+    /// Resolves once the gate has been paused for `bound` without a resume
+    /// in between (at once if it is closed: never).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe.
+    pub async fn paused_for(&self, bound: Duration) {
+        loop {
+            let notified = self.shared.notify.clone().notified_owned();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.shared.state() {
+                State::Closed => std::future::pending::<()>().await,
+                State::Paused => {
+                    let sleep = tokio::time::sleep(bound);
+                    tokio::pin!(sleep);
+                    // Any change (a resume, even one followed at once by
+                    // another pause) starts the bound over.
+                    if let futures::future::Either::Left(((), _)) =
+                        futures::future::select(sleep.as_mut(), notified.as_mut()).await
+                    {
+                        if self.is_paused() {
+                            return;
+                        }
+                    }
+                }
+                State::Open => notified.await,
+            }
+        }
+    }
+
+    /// Resolves once the gate is not paused (open or closed).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe.
+    pub async fn resumed(&self) {
+        loop {
+            let notified = self.shared.notify.clone().notified_owned();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.is_paused() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Reopens a paused gate and releases every held request, in arrival
@@ -123,12 +190,19 @@ impl fmt::Debug for PauseHandle {
 /// One held request: counted on creation, uncounted on drop.
 pub(crate) struct HeldGuard {
     shared: Arc<Shared>,
+    epoch: u64,
 }
 
 impl HeldGuard {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         shared.held.fetch_add(1, Ordering::AcqRel);
-        HeldGuard { shared }
+        let epoch = shared.evictions.load(Ordering::Acquire);
+        HeldGuard { shared, epoch }
+    }
+
+    /// Whether `hand_back_held` was called since this request was held.
+    pub(crate) fn evicted(&self) -> bool {
+        self.shared.evictions.load(Ordering::Acquire) != self.epoch
     }
 
     pub(crate) fn shared(&self) -> &Shared {

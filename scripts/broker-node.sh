@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# A throwaway RabbitMQ node beside the default broker, from Debian's
+# rabbitmq-server, for the tests whose faults touch a whole broker (memory
+# alarm, a short consumer_timeout, a broker restart, node loss).
+#
+#   scripts/broker-node.sh up     NAME PORT [EXTRA_CONF_FILE]
+#   scripts/broker-node.sh down   NAME PORT
+#   scripts/broker-node.sh status NAME PORT
+#   scripts/broker-node.sh pid    NAME PORT   (the node's beam.smp)
+#
+# NAME is the short node name (node `NAME@localhost`), PORT its AMQP port; the
+# Erlang distribution port is PORT+20000. Everything the node writes (mnesia,
+# logs, its own rabbitmq.conf and an empty enabled-plugins file) lives under
+# ${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}/NAME, owned by the `rabbitmq` user
+# (`/usr/sbin/rabbitmq-server` switches to it; the Erlang cookie in
+# /var/lib/rabbitmq is then shared with the default broker and rabbitmqctl).
+# EXTRA_CONF_FILE is appended to the node's rabbitmq.conf (e.g. a line
+# `consumer_timeout = 5000`). One scheduler (`+S 1:1`): the machine has 2 cores.
+#
+# `up` is idempotent (a node already up is left as it is; a node that was
+# killed is started again on its data) and waits until the node accepts AMQP; `down` stops the node (kill -9 after 30 s) and removes its
+# folder; `status` exits 0 when the node is up, 3 when it is not. The default
+# broker (rabbit@localhost:5672, /etc/rabbitmq/rabbitmq.conf) is never touched.
+#
+# Ports used by acemq's tests (nothing else may use them): the fault-test node
+# 5690 (dist 25690), the bench node 5695 (dist 25695), the cluster 5681–5683
+# (dist 25681–25683).
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 up|down|status NAME PORT [EXTRA_CONF_FILE]" >&2
+  exit 64
+}
+
+[ $# -ge 3 ] || usage
+cmd=$1 name=$2 port=$3 extra=${4:-}
+case "$name" in *[!A-Za-z0-9_-]*|"") echo "broker-node: NAME must be letters, digits, - or _ (got '$name')" >&2; exit 64 ;; esac
+case "$port" in *[!0-9]*|"") echo "broker-node: PORT must be a number (got '$port')" >&2; exit 64 ;; esac
+if [ "$port" -eq 5672 ] || [ "$name" = rabbit ]; then
+  echo "broker-node: refusing to touch the default broker (rabbit@localhost:5672)" >&2
+  exit 64
+fi
+
+node="$name@localhost"
+dist=$((port + 20000))
+root="${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}"
+dir="$root/$name"
+
+if ! command -v rabbitmq-server >/dev/null 2>&1; then
+  echo "broker-node: Debian's rabbitmq-server is not installed (apt-get install rabbitmq-server)" >&2
+  exit 69
+fi
+
+# rabbitmqctl against this node, as the rabbitmq user (its cookie).
+ctl() { timeout "${CTL_TIMEOUT:-20}" rabbitmqctl -n "$node" "$@"; }
+
+# The node's beam.smp, found by RABBITMQ_NODENAME in /proc/PID/environ (its
+# arguments do not name it reliably).
+beam_pid() {
+  local p
+  for p in $(pgrep -u rabbitmq -f beam.smp 2>/dev/null || true); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$node"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+ms() { echo $(($(date +%s%N) / 1000000)); }
+secs_since() { local d=$(($(ms) - $1)); printf '%d.%d' $((d / 1000)) $((d % 1000 / 100)); }
+
+amqp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
+
+is_up() { beam_pid >/dev/null && CTL_TIMEOUT=10 ctl await_startup -t 5 >/dev/null 2>&1 && amqp_open; }
+
+up() {
+  if is_up; then
+    echo "broker-node: $node is already up on $port"
+    return 0
+  fi
+  if beam_pid >/dev/null; then
+    echo "broker-node: $node has a beam but does not answer; restarting it" >&2
+    down_quiet
+  fi
+  if amqp_open; then
+    echo "broker-node: port $port is taken by something else" >&2
+    exit 69
+  fi
+  local t0
+  t0=$(ms)
+  # A folder left by a node that was killed keeps its data (a restarted
+  # cluster node rejoins with it); the config files are written afresh.
+  mkdir -p "$dir/mnesia" "$dir/log"
+  : >"$dir/enabled_plugins"
+  {
+    echo "listeners.tcp.1 = 127.0.0.1:$port"
+    echo "loopback_users = none"
+    echo "log.file.level = info"
+    echo "log.console = false"
+    if [ -n "$extra" ]; then
+      [ -r "$extra" ] || { echo "broker-node: cannot read $extra" >&2; exit 66; }
+      cat "$extra"
+    fi
+  } >"$dir/rabbitmq.conf"
+  # The node's environment; /etc/rabbitmq/rabbitmq-env.conf is replaced by an
+  # empty one so it cannot pin the node name of the default broker.
+  : >"$dir/rabbitmq-env.conf"
+  cat >"$dir/env.sh" <<EOF
+RABBITMQ_NODENAME='$node'
+RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+RABBITMQ_NODE_PORT=$port
+RABBITMQ_DIST_PORT=$dist
+RABBITMQ_CONFIG_FILE='$dir/rabbitmq.conf'
+RABBITMQ_CONF_ENV_FILE='$dir/rabbitmq-env.conf'
+RABBITMQ_MNESIA_BASE='$dir/mnesia'
+RABBITMQ_MNESIA_DIR='$dir/mnesia/$node'
+RABBITMQ_LOG_BASE='$dir/log'
+RABBITMQ_ENABLED_PLUGINS_FILE='$dir/enabled_plugins'
+RABBITMQ_PID_FILE='$dir/pid'
+RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='+S 1:1'
+ERL_EPMD_ADDRESS=127.0.0.1
+ERL_FLAGS='-kernel inet_dist_use_interface {127,0,0,1}'
+HOME=/var/lib/rabbitmq
+EOF
+  chown -R rabbitmq:rabbitmq "$root"
+  chmod 755 "$root"
+  # Started as the rabbitmq user directly (not through the wrapper, which
+  # would send its output to the default broker's startup_log).
+  su rabbitmq -s /bin/sh -c "set -a; . '$dir/env.sh'; set +a; cd /var/lib/rabbitmq; exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached" \
+    >"$dir/log/startup_log" 2>"$dir/log/startup_err" || true
+  # await_startup fails while the node has not registered with epmd yet: retry.
+  local i
+  for i in $(seq 1 120); do
+    if CTL_TIMEOUT=15 ctl await_startup -t 10 >/dev/null 2>&1 && amqp_open; then
+      echo "broker-node: $node up on 127.0.0.1:$port (dist $dist) in $(secs_since "$t0") s, data in $dir"
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "broker-node: $node did not start within 60 s; its log:" >&2
+  tail -n 30 "$dir/log/"*.log "$dir/log/startup_err" >&2 2>/dev/null || true
+  exit 69
+}
+
+down_quiet() {
+  local pid t0
+  if pid=$(beam_pid); then
+    CTL_TIMEOUT=30 ctl stop >/dev/null 2>&1 || true
+    t0=$SECONDS
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ $((SECONDS - t0)) -ge 30 ]; then
+        kill -9 "$pid" 2>/dev/null || true
+      fi
+      sleep 0.2
+    done
+  fi
+  rm -rf "$dir"
+  rmdir "$root" 2>/dev/null || true
+}
+
+case "$cmd" in
+  up) up ;;
+  down)
+    t0=$(ms)
+    down_quiet
+    echo "broker-node: $node down, $dir removed, in $(secs_since "$t0") s"
+    ;;
+  status)
+    if is_up; then
+      echo "broker-node: $node is up on 127.0.0.1:$port (dist $dist), pid $(beam_pid)"
+    else
+      echo "broker-node: $node is not up"
+      exit 3
+    fi
+    ;;
+  pid) beam_pid || { echo "broker-node: $node has no beam.smp" >&2; exit 3; } ;;
+  *) usage ;;
+esac
