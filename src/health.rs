@@ -262,14 +262,21 @@ impl Health {
                 name: q.name,
             })
             .collect();
+        // One lock for both: two `lock()`s in one struct expression keep the
+        // first guard alive to the end of it and deadlock on the second.
+        let brokers = self
+            .inner
+            .brokers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         HealthSnapshot {
             ready: self.is_ready(),
             connected: self.inner.connected.load(Ordering::Acquire),
             publisher_connected: self.inner.publisher_connected.load(Ordering::Acquire),
             publisher_blocked: self.inner.blocked.load(Ordering::Acquire),
-            broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[0].clone(),
-            publisher_broker: self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[1]
-                .clone(),
+            broker: brokers[0].clone(),
+            publisher_broker: brokers[1].clone(),
             draining: self.is_draining(),
             queues,
         }
