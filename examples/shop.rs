@@ -9,8 +9,15 @@
 //! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]
 //! ```
 //!
-//! `--queue NAME` consumes (and seeds) `NAME` instead of `shop.orders`; the
-//! config file must name that queue.
+//! With no `--queue`, the shop consumes every queue its config names (except
+//! those with `consume: false`), all with the same handler and one drain
+//! deadline. `--queue NAME` (it may repeat) consumes only the queues named
+//! (the config file must name each; its other queues are declared, not
+//! consumed). The demo batch is seeded into the first
+//! queue consumed.
+//!
+//! The connection is named `acemq-shop@HOST:PID`, so an operator can tell
+//! instances apart in `rabbitmqctl list_connections client_properties`.
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! An order is a JSON body:
@@ -29,8 +36,11 @@ use serde::Deserialize;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
-/// The queue consumed unless `--queue` names another.
-const QUEUE: &str = "shop.orders";
+/// How often the Prometheus recorder's upkeep runs (histograms drained, so
+/// memory stays flat when `/metrics` is never scraped).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+const USAGE: &str = "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]...";
 
 /// One order, as published to `shop.orders`.
 #[derive(Debug, Deserialize)]
@@ -163,7 +173,8 @@ fn demo_batch() -> Vec<(String, Vec<u8>)> {
 
 struct Args {
     config: String,
-    queue: String,
+    /// The queues named by `--queue`; empty: every queue the config consumes.
+    queues: Vec<String>,
     seed: bool,
     http: Option<SocketAddr>,
 }
@@ -171,7 +182,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         config: "examples/shop.yaml".to_owned(),
-        queue: QUEUE.to_owned(),
+        queues: Vec::new(),
         seed: true,
         http: None,
     };
@@ -180,7 +191,9 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--config" => args.config = it.next().ok_or("--config needs a file")?,
             "--no-seed" => args.seed = false,
-            "--queue" => args.queue = it.next().ok_or("--queue needs a queue name")?,
+            "--queue" => args
+                .queues
+                .push(it.next().ok_or("--queue needs a queue name")?),
             "--http" => {
                 let v = it
                     .next()
@@ -188,14 +201,10 @@ fn parse_args() -> Result<Args, String> {
                 args.http = Some(v.parse().map_err(|e| format!("--http {v}: {e}"))?);
             }
             "-h" | "--help" => {
-                println!("usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]");
+                println!("{USAGE}");
                 std::process::exit(0);
             }
-            other => {
-                return Err(format!(
-                "unknown argument {other:?}; usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]"
-            ))
-            }
+            other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
     }
     Ok(args)
@@ -213,6 +222,17 @@ fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
         .unwrap_or("(a panic payload that is not a string)");
     let location = info.location().map(ToString::to_string).unwrap_or_default();
     tracing::error!(%location, "panicked: {}", message.replace('\n', " "));
+}
+
+/// `acemq-shop@HOST:PID`: unique per process.
+fn connection_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("acemq-shop@{host}:{}", std::process::id())
 }
 
 #[tokio::main]
@@ -242,16 +262,45 @@ async fn main() -> ExitCode {
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
+    if let Some(handle) = prometheus.clone() {
+        // `install_recorder` leaves upkeep to the caller: without it the
+        // histograms grow with every message until the next scrape.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+    }
 
+    // Every queue the config consumes, unless `--queue` names some: then
+    // the others are only declared.
+    let mut config = config;
+    if !args.queues.is_empty() {
+        for q in &mut config.queues {
+            q.consume &= args.queues.contains(&q.name);
+        }
+    }
+    let queues: Vec<String> = if args.queues.is_empty() {
+        config
+            .queues
+            .iter()
+            .filter(|q| q.consume)
+            .map(|q| q.name.clone())
+            .collect()
+    } else {
+        args.queues.clone()
+    };
     let stats = Arc::new(Stats::default());
-    let handler_stats = stats.clone();
-    // Unique per process, so an operator can tell instances apart.
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_owned());
-    let name = format!("acemq-shop@{host}:{}", std::process::id());
-    let app = App::new(config).connection_name(name).consume(
-        &args.queue,
-        tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
-    );
+    let mut app = App::new(config).connection_name(connection_name());
+    for queue in &queues {
+        let handler_stats = stats.clone();
+        app = app.consume(
+            queue,
+            tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
+        );
+    }
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.
     let mut signals = acemq::app::Signals::install();
@@ -277,7 +326,7 @@ async fn main() -> ExitCode {
         }
     }
 
-    if args.seed {
+    if let (true, Some(first)) = (args.seed, queues.first()) {
         let publisher = running.publisher();
         let batch = demo_batch();
         let n = batch.len();
@@ -285,11 +334,11 @@ async fn main() -> ExitCode {
             let mut props = acemq::Properties::default();
             props.message_id = Some(id.clone());
             props.content_type = Some("application/json".to_owned());
-            if let Err(e) = publisher.publish("", &args.queue, &body, props).await {
+            if let Err(e) = publisher.publish("", first, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
             }
         }
-        info!(orders = n, "published the demo batch");
+        info!(orders = n, queue = %first, "published the demo batch");
     }
 
     let status_health = health.clone();

@@ -87,19 +87,11 @@ async fn main() -> ExitCode {
 
     let mut queue = QueueConfig::new(QUEUE);
     queue.dead_letter = true;
-    queue.retries = Some(RetriesConfig {
-        max_attempts: 3,
-        initial_delay: Duration::from_millis(200),
-        max_delay: Duration::from_millis(400),
-        broker_wait_threshold: Duration::from_millis(400),
-        jitter: false,
-        retry_panics: false,
-    });
-    let config = Config {
-        shutdown_timeout: Duration::from_secs(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut retries = RetriesConfig::new(3, Duration::from_millis(200), Duration::from_millis(400));
+    retries.broker_wait_threshold = Duration::from_millis(400);
+    queue.retries = Some(retries);
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = Duration::from_secs(10);
     let queues: Vec<String> = acemq::topology::Topology::from_config(&config)
         .decls()
         .iter()

@@ -7,8 +7,11 @@
 //! [`Config::validate`], so a `Config` obtained from one is usable as is.
 //!
 //! Durations are a number of seconds (`10`, `0.5`) or a string with a unit
-//! (`"400ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`). Unknown keys are an error
-//! naming the key, so a typo is not silently ignored.
+//! (`"400ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`). Spaces around the number
+//! and the unit are allowed, so `"300 ms"` is 300 milliseconds (deliberately:
+//! it is what a human writes and means one thing); any other unit or text is
+//! an error naming the key and the forms. Unknown keys are an error naming
+//! the key, so a typo is not silently ignored.
 //!
 //! ```
 //! use std::time::Duration;
@@ -45,6 +48,9 @@ use std::time::Duration;
 use acemq_layers::{rung_name, RetryPolicy};
 use serde::Deserialize;
 
+mod routing;
+pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
+
 /// The longest queue name RabbitMQ accepts, in bytes (an AMQP short string).
 const MAX_QUEUE_NAME_BYTES: usize = 255;
 
@@ -58,6 +64,7 @@ const MAX_TTL_MS: u128 = u32::MAX as u128;
 /// building a config in code.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// The one deadline for the whole drain, all consumers together (default
     /// 20 s). Must not be zero, and with `abandon_after` should fit inside
@@ -105,6 +112,11 @@ pub struct Config {
     /// The queues to consume, started in this order (no default: at least
     /// one is required).
     pub queues: Vec<QueueConfig>,
+
+    // -- routing: see `config/routing.rs` --
+    /// Exchanges to declare before the queues are bound to them (default
+    /// none). See [`ExchangeConfig`].
+    pub exchanges: Vec<ExchangeConfig>,
 }
 
 /// TLS files for `amqps://` addresses: a CA bundle to trust instead of the
@@ -170,6 +182,7 @@ impl QueueType {
 /// One queue to consume, and what its failures do.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct QueueConfig {
     /// The queue's name in RabbitMQ (required; not empty, no whitespace or
     /// control characters, not starting with `amq.`).
@@ -196,6 +209,40 @@ pub struct QueueConfig {
     /// it off.
     #[serde(default)]
     pub ack_batch: AckBatch,
+
+    // -- routing and the redelivery bound: see `config/routing.rs` --
+    /// Consume the queue (default true). `false`: the queue (and its
+    /// dead-letter queue, rungs and bindings) is declared, and nothing
+    /// consumes it here — a queue this process only publishes to. It then
+    /// takes no handler.
+    #[serde(default = "QueueConfig::default_consume")]
+    pub consume: bool,
+    /// Declare nothing for the queue: it is declared elsewhere (by an
+    /// operator, another service) and acemq only checks that it exists — and
+    /// that its `.dlq` and rungs do, when `dead_letter` and `retries` ask for
+    /// them — failing the start with an error naming it if not (default
+    /// false). A passive queue takes no `arguments` and no `bindings`.
+    #[serde(default)]
+    pub passive: bool,
+    /// Further arguments of the queue's declaration, passed through as they
+    /// are (default none): `x-max-length`, `x-single-active-consumer`,
+    /// `x-max-priority`, … They must match an existing queue's. acemq sets
+    /// `x-queue-type` (from `type`) and, with `dead_letter`, the
+    /// `x-dead-letter-*` arguments itself; those are rejected here. Only the
+    /// queue itself takes them, not its `.dlq` or rungs.
+    #[serde(default)]
+    pub arguments: Arguments,
+    /// Bindings of the queue to exchanges (default none: the queue is
+    /// reached through the default exchange by its name, as always).
+    #[serde(default)]
+    pub bindings: Vec<BindingConfig>,
+    /// The most times the broker may redeliver a message before it is
+    /// dead-lettered with reason `redelivered`, without calling the handler
+    /// (default 50; at least 1). Read from the `x-delivery-count` header,
+    /// which only quorum queues set; see
+    /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
+    #[serde(default = "QueueConfig::default_max_redeliveries")]
+    pub max_redeliveries: u32,
 }
 
 /// How a queue's acknowledgements are coalesced: one `basic.ack` with
@@ -298,6 +345,7 @@ impl<'de> Deserialize<'de> for AckBatch {
 /// `n + 1` after `min(initial_delay · 2^(n-1), max_delay)`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RetriesConfig {
     /// Attempts in all, the first included (required; at least 1; 1 means no
     /// retry).
@@ -416,7 +464,7 @@ impl ConfigError {
         }
     }
 
-    fn invalid(
+    pub(crate) fn invalid(
         field: impl Into<String>,
         problem: impl Into<String>,
         fix: impl Into<String>,
@@ -444,6 +492,7 @@ impl Default for Config {
             tls: None,
             pause_hand_back_after: Config::DEFAULT_PAUSE_HAND_BACK_AFTER,
             queues: Vec::new(),
+            exchanges: Vec::new(),
         }
     }
 }
@@ -459,6 +508,25 @@ impl Config {
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
     /// The default `pause_hand_back_after`: 30 s.
     pub const DEFAULT_PAUSE_HAND_BACK_AFTER: Duration = Duration::from_secs(30);
+
+    /// The defaults with these queues, a starting point for a config built in
+    /// code (the struct is `#[non_exhaustive]`: set the other fields on the
+    /// value this returns, then call [`Config::validate`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use acemq::config::{Config, QueueConfig};
+    ///
+    /// let mut config = Config::new([QueueConfig::new("shop.orders")]);
+    /// config.shutdown_timeout = Duration::from_secs(10);
+    /// config.validate().unwrap();
+    /// ```
+    pub fn new(queues: impl IntoIterator<Item = QueueConfig>) -> Self {
+        Config {
+            queues: queues.into_iter().collect(),
+            ..Config::default()
+        }
+    }
 
     /// Reads, parses and validates a config file, choosing the format by its
     /// extension: `.yaml`/`.yml`, `.toml` or `.json`.
@@ -583,6 +651,7 @@ impl Config {
             }
             queue.validate_at(i)?;
         }
+        self.validate_routing()?;
         Ok(())
     }
 
@@ -637,7 +706,23 @@ impl QueueConfig {
             dead_letter: false,
             retries: None,
             ack_batch: AckBatch::default(),
+            consume: true,
+            passive: false,
+            arguments: Arguments::new(),
+            bindings: Vec::new(),
+            max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
         }
+    }
+
+    /// The default `max_redeliveries`: 50.
+    pub const DEFAULT_MAX_REDELIVERIES: u32 = acemq_layers::DEFAULT_MAX_REDELIVERIES;
+
+    fn default_consume() -> bool {
+        true
+    }
+
+    fn default_max_redeliveries() -> u32 {
+        QueueConfig::DEFAULT_MAX_REDELIVERIES
     }
 
     fn default_prefetch() -> u16 {
@@ -749,20 +834,34 @@ impl RetriesConfig {
     /// The default `broker_wait_threshold`: 30 s.
     pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
 
+    /// A schedule of `max_attempts` in all, `initial_delay` doubling up to
+    /// `max_delay`, with the other fields at their defaults
+    /// (`broker_wait_threshold` 30 s, no jitter, panics not retried). The
+    /// struct is `#[non_exhaustive]`: set the other fields on the value this
+    /// returns.
+    pub fn new(max_attempts: u32, initial_delay: Duration, max_delay: Duration) -> Self {
+        RetriesConfig {
+            max_attempts,
+            initial_delay,
+            max_delay,
+            broker_wait_threshold: RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD,
+            jitter: false,
+            retry_panics: false,
+        }
+    }
+
     fn default_broker_wait_threshold() -> Duration {
         RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD
     }
 
     /// The retry schedule this describes.
     pub fn policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: self.max_attempts,
-            initial_delay: self.initial_delay,
-            max_delay: self.max_delay,
-            broker_wait_threshold: self.broker_wait_threshold,
-            jitter: self.jitter,
-            retry_panics: self.retry_panics,
-        }
+        let mut policy =
+            RetryPolicy::exponential(self.max_attempts, self.initial_delay, self.max_delay);
+        policy.broker_wait_threshold = self.broker_wait_threshold;
+        policy.jitter = self.jitter;
+        policy.retry_panics = self.retry_panics;
+        policy
     }
 
     fn validate_at(&self, i: usize) -> Result<(), ConfigError> {
@@ -864,8 +963,8 @@ pub mod duration {
     }
 
     /// Parses `"10"` (seconds), `"0.5"`, `"400ms"`, `"10s"`, `"1.5s"`, `"2m"`
-    /// or `"1h"`. Whitespace around the number and unit is ignored. The
-    /// error is a message for a human.
+    /// or `"1h"`. Whitespace around the number and unit is ignored, so
+    /// `"300 ms"` is accepted as 300 ms. The error is a message for a human.
     pub fn parse(text: &str) -> Result<Duration, String> {
         let text = text.trim();
         let split = text
@@ -1111,6 +1210,9 @@ retries = { max_attempts = 5, initial_delay = 10, max_delay = 300, broker_wait_t
             ("\"1h\"", Duration::from_secs(3600)),
             ("\"10\"", Duration::from_secs(10)),
             ("\" 10 s \"", Duration::from_secs(10)),
+            // A space between the number and the unit: accepted, documented.
+            ("\"300 ms\"", Duration::from_millis(300)),
+            ("300 ms", Duration::from_millis(300)),
         ];
         for (text, want) in cases {
             let config = Config::from_yaml_str(&format!(

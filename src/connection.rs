@@ -193,11 +193,31 @@ pub enum ConnectError {
         /// What was wrong.
         reason: String,
     },
-    /// The broker refused the user name or password.
+    /// The broker refused the user name or password (reply code 403,
+    /// ACCESS_REFUSED, during the handshake).
     #[error("authentication failed at {redacted}: the broker refused the user name or password; check the credentials in AMQP_ADDR")]
     Auth {
         /// The address, password hidden.
         redacted: String,
+    },
+    /// The broker has no virtual host by the name the address gives, or the
+    /// user may not use it (reply code 530, NOT_ALLOWED).
+    #[error("the broker at {redacted} refused the virtual host {vhost:?}: {message}. Create it and let the user in (rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions -p {vhost} USER '.*' '.*' '.*'), or fix the vhost at the end of AMQP_ADDR (the default vhost / is written %2f)")]
+    Vhost {
+        /// The address, password hidden.
+        redacted: String,
+        /// The virtual host the address names.
+        vhost: String,
+        /// What the broker said.
+        message: String,
+    },
+    /// Something answered at the address, but not an AMQP 0-9-1 broker.
+    #[error("something answered at {redacted}, but it is not RabbitMQ: {what}; point AMQP_ADDR at RabbitMQ's AMQP port (5672, or 5671 for amqps://), not its management port or another service")]
+    NotAmqp {
+        /// The address, password hidden.
+        redacted: String,
+        /// What it did instead of speaking AMQP.
+        what: String,
     },
     /// Nothing answered in time.
     #[error("no broker answered at {redacted} within {timeout:?} (connect_timeout): start RabbitMQ or point AMQP_ADDR at it")]
@@ -380,27 +400,81 @@ pub async fn connect_with(
     match tokio::time::timeout(timeout, attempt).await {
         Err(_) => Err(ConnectError::Timeout { redacted, timeout }),
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => {
-            let mut reason = e.to_string();
-            if let Some(pw) = url::Url::parse(addr)
-                .ok()
-                .and_then(|u| u.password().map(str::to_owned))
-            {
-                if !pw.is_empty() {
-                    reason = reason.replace(&pw, "***");
-                }
-            }
-            let lower = reason.to_ascii_lowercase();
-            if lower.contains("access_refused")
-                || lower.contains("access-refused")
-                || lower.contains("auth")
-                || lower.contains("login")
-            {
-                Err(ConnectError::Auth { redacted })
-            } else {
-                Err(ConnectError::Other { redacted, reason })
+        Ok(Err(e)) => Err(map_connect_error(addr, e)),
+    }
+}
+
+/// The virtual host an address names (`/` when its path is empty), decoded.
+fn vhost_of(addr: &str) -> String {
+    let Ok(u) = url::Url::parse(addr) else {
+        return "/".to_owned();
+    };
+    let path = u.path().strip_prefix('/').unwrap_or(u.path());
+    if path.is_empty() {
+        return "/".to_owned();
+    }
+    url::form_urlencoded::parse(format!("v={path}").as_bytes())
+        .next()
+        .map_or_else(|| path.to_owned(), |(_, v)| v.into_owned())
+}
+
+/// Turns lapin's failure to connect into a [`ConnectError`] by what it is —
+/// the AMQP reply code, the error kind — never by its text, with the
+/// password hidden.
+pub fn map_connect_error(addr: &str, e: lapin::Error) -> ConnectError {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+    use lapin::ErrorKind;
+
+    let redacted = redact(addr);
+    let hide = |text: String| match url::Url::parse(addr)
+        .ok()
+        .and_then(|u| u.password().map(str::to_owned))
+    {
+        Some(pw) if !pw.is_empty() => text.replace(&pw, "***"),
+        _ => text,
+    };
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => ConnectError::Auth { redacted },
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => ConnectError::Vhost {
+                redacted,
+                vhost: vhost_of(addr),
+                message: hide(amqp.get_message().to_string()),
+            },
+            _ => ConnectError::Other {
+                redacted,
+                reason: hide(e.to_string()),
+            },
+        },
+        ErrorKind::ParsingError(_) => ConnectError::NotAmqp {
+            redacted,
+            what: "it answered the AMQP protocol header with bytes that are not AMQP".to_owned(),
+        },
+        ErrorKind::InvalidProtocolVersion(version) => ConnectError::NotAmqp {
+            redacted,
+            what: format!("it speaks another AMQP version ({version:?}), not 0-9-1"),
+        },
+        ErrorKind::IOError(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            ConnectError::Other {
+                redacted,
+                reason: format!(
+                    "the server closed the connection during the AMQP handshake ({io}): it is \
+                     probably not RabbitMQ (another service on that port, or a TLS port spoken \
+                     to without amqps://), or RabbitMQ refused the client (see its log)"
+                ),
             }
         }
+        _ => ConnectError::Other {
+            redacted,
+            reason: hide(e.to_string()),
+        },
     }
 }
 

@@ -173,6 +173,7 @@ impl fmt::Debug for Drain {
 
 /// One queue's part of a drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueDrain {
     /// Queue name.
     pub name: String,
@@ -187,6 +188,7 @@ pub struct QueueDrain {
 
 /// What a clean drain did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// From the first step to the connection closed.
     pub duration: Duration,
@@ -247,6 +249,7 @@ pub enum DeadlineKind {
 /// still carried out: consumers cancelled, handlers cancelled then
 /// abandoned, channels and connection closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainTimeout {
     /// What ended the wait.
     pub kind: DeadlineKind,

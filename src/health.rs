@@ -106,6 +106,7 @@ struct QueueEntry {
 
 /// A point-in-time view, serialisable as JSON for `/readyz`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthSnapshot {
     /// Both connections open, every queue consuming, not shutting down.
     pub ready: bool,
@@ -128,6 +129,7 @@ pub struct HealthSnapshot {
 
 /// One queue's state.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueSnapshot {
     /// Queue name.
     pub name: String,

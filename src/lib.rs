@@ -23,6 +23,7 @@ mod otel;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod publisher;
+pub mod replay;
 mod span;
 pub mod stack;
 #[cfg(feature = "test-util")]
@@ -31,8 +32,8 @@ pub mod topology;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{
-    BoxError, Cancellation, Decision, Delivery, Headers, Lifeline, Properties, PublishError,
-    Reason, Reject, Value,
+    BoxError, Cancellation, Decision, Delivery, Headers, IntoVerdict, Lifeline, Properties,
+    PublishError, Reason, Reject, Value, Verdict,
 };
 pub use app::{App, Running, Signals, StartError};
 pub use config::Config;

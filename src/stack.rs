@@ -209,7 +209,9 @@ type Unsealer<E> = fn(Result<Outcome, E>) -> Result<Decision, BoxError>;
 
 /// The handler's service as the acemq layers see it.
 pub(crate) type Attempts<H, I, P, C> = acemq_layers::DeadLetter<
-    acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+    acemq_layers::RedeliveryLimit<
+        acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+    >,
     P,
     C,
 >;
@@ -228,7 +230,7 @@ where
     I::Service: Service<Delivery> + Clone + Send + 'static,
     <I::Service as Service<Delivery>>::Error: Into<BoxError>,
     <I::Service as Service<Delivery>>::Future: Send + 'static,
-    <I::Service as Service<Delivery>>::Response: Send + 'static,
+    <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
     O: Layer<
         tower::util::MapResult<
             Attempts<H, I, P, C>,
@@ -249,6 +251,7 @@ where
                 .classifier(stack.classifier.clone())
                 .enabled(q.dead_letter),
         )
+        .layer(acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries))
         .layer(
             RetryLayer::new(policy, parts.publisher, parts.draining)
                 .classifier(stack.classifier.clone()),

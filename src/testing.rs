@@ -288,7 +288,7 @@ impl TestQueue {
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
-        H::Response: Send + 'static,
+        H::Response: acemq_layers::IntoVerdict + Send + 'static,
     {
         TestQueue::with_stack(queue, QueueStack::new(), handler)
     }
@@ -304,13 +304,13 @@ impl TestQueue {
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
-        H::Response: Send + 'static,
+        H::Response: acemq_layers::IntoVerdict + Send + 'static,
         C: Classify + Clone,
         I: Layer<Recording<H>>,
         I::Service: Service<Delivery> + Clone + Send + 'static,
         <I::Service as Service<Delivery>>::Error: Into<BoxError>,
         <I::Service as Service<Delivery>>::Future: Send + 'static,
-        <I::Service as Service<Delivery>>::Response: Send + 'static,
+        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
         O: Layer<
             tower::util::MapResult<
                 Attempts<Recording<H>, I, RecordingPublisher, C>,

@@ -1,28 +1,86 @@
-//! Declaring the queues the config names: `Q`, `Q.dlq` and one rung
-//! `Q.retry.<delay>` per distinct broker-side delay.
+//! Declaring what the config names: its exchanges, then for each queue `Q`,
+//! `Q.dlq` and one rung `Q.retry.<delay>` per distinct broker-side delay,
+//! then the queues' bindings.
+//!
+//! A queue with `passive: true` is declared passively (with its `.dlq` and
+//! rungs): nothing is created, a missing one is
+//! [`TopologyError::Missing`]. Errors are recognised by the broker's reply
+//! code (406 PRECONDITION_FAILED for a conflict, 404 NOT_FOUND for a missing
+//! queue or exchange), not by its text.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Connection;
 
-use crate::config::{Config, QueueConfig, QueueType};
+use crate::config::{ArgValue, Arguments, Config, ExchangeKind, QueueConfig, QueueType};
 
 /// One queue to declare, with its arguments.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct QueueDecl {
     /// The queue name.
     pub name: String,
     /// Its `x-` arguments.
     pub arguments: FieldTable,
+    /// Only check that it exists (`passive`), declaring nothing.
+    pub passive: bool,
 }
 
-/// Everything the config names, in declaration order.
+/// One exchange to declare.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ExchangeDecl {
+    /// The exchange name.
+    pub name: String,
+    /// Its type.
+    pub kind: ExchangeKind,
+    /// Survives a broker restart.
+    pub durable: bool,
+}
+
+/// One binding of a queue to an exchange.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct BindingDecl {
+    /// The queue.
+    pub queue: String,
+    /// The exchange.
+    pub exchange: String,
+    /// The routing key (empty for fanout and headers exchanges).
+    pub routing_key: String,
+    /// The binding's arguments (what a headers exchange matches).
+    pub arguments: FieldTable,
+}
+
+/// Everything the config names, in declaration order: exchanges, queues,
+/// bindings.
 #[derive(Clone, Debug, Default)]
 pub struct Topology {
+    exchanges: Vec<ExchangeDecl>,
     decls: Vec<QueueDecl>,
+    bindings: Vec<BindingDecl>,
+}
+
+/// The AMQP value of a config argument: integers as signed 64-bit,
+/// numbers with a fraction as doubles, strings as long strings.
+pub fn arg_value(v: &ArgValue) -> AMQPValue {
+    match v {
+        ArgValue::Bool(b) => AMQPValue::Boolean(*b),
+        ArgValue::Int(n) => AMQPValue::LongLongInt(*n),
+        ArgValue::Float(f) => AMQPValue::Double(*f),
+        ArgValue::String(s) => str_arg(s),
+    }
+}
+
+fn arguments_table(args: &Arguments) -> FieldTable {
+    let map: BTreeMap<ShortString, AMQPValue> = args
+        .iter()
+        .map(|(k, v)| (ShortString::from(k.as_str()), arg_value(v)))
+        .collect();
+    FieldTable::from(map)
 }
 
 fn str_arg(s: &str) -> AMQPValue {
@@ -47,11 +105,26 @@ fn type_args(kind: QueueType) -> Vec<(&'static str, AMQPValue)> {
 impl Topology {
     /// The declarations for `config`.
     pub fn from_config(config: &Config) -> Self {
+        let exchanges = config
+            .exchanges
+            .iter()
+            .map(|x| ExchangeDecl {
+                name: x.name.clone(),
+                kind: x.kind,
+                durable: x.durable,
+            })
+            .collect();
         let mut decls = Vec::new();
+        let mut bindings = Vec::new();
         for q in &config.queues {
             decls.extend(Self::for_queue(q));
+            bindings.extend(Self::bindings_of(q));
         }
-        Topology { decls }
+        Topology {
+            exchanges,
+            decls,
+            bindings,
+        }
     }
 
     /// The declarations for one queue.
@@ -62,28 +135,68 @@ impl Topology {
             main.push(("x-dead-letter-exchange", str_arg("")));
             main.push(("x-dead-letter-routing-key", str_arg(&q.dlq_name())));
         }
+        let mut arguments = table(main);
+        for (k, v) in &q.arguments {
+            arguments.insert(ShortString::from(k.as_str()), arg_value(v));
+        }
         out.push(QueueDecl {
             name: q.name.clone(),
-            arguments: table(main),
+            arguments,
+            passive: q.passive,
         });
         if q.dead_letter {
             out.push(QueueDecl {
                 name: q.dlq_name(),
                 arguments: table(type_args(q.kind)),
+                passive: q.passive,
             });
         }
         for (name, delay) in q.rungs() {
             out.push(QueueDecl {
                 name,
                 arguments: table(rung_args(q, delay)),
+                passive: q.passive,
             });
         }
         out
     }
 
-    /// All declarations.
+    /// The bindings of one queue: one per routing key, or one with the empty
+    /// key when it gives none.
+    pub fn bindings_of(q: &QueueConfig) -> Vec<BindingDecl> {
+        let mut out = Vec::new();
+        for b in &q.bindings {
+            let arguments = arguments_table(&b.arguments);
+            let keys: Vec<&str> = if b.routing_keys.is_empty() {
+                vec![""]
+            } else {
+                b.routing_keys.iter().map(String::as_str).collect()
+            };
+            for key in keys {
+                out.push(BindingDecl {
+                    queue: q.name.clone(),
+                    exchange: b.exchange.clone(),
+                    routing_key: key.to_owned(),
+                    arguments: arguments.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// All queue declarations.
     pub fn decls(&self) -> &[QueueDecl] {
         &self.decls
+    }
+
+    /// All exchange declarations.
+    pub fn exchanges(&self) -> &[ExchangeDecl] {
+        &self.exchanges
+    }
+
+    /// All bindings.
+    pub fn bindings(&self) -> &[BindingDecl] {
+        &self.bindings
     }
 
     /// The declaration of `queue`, if the topology has one.
@@ -91,12 +204,138 @@ impl Topology {
         self.decls.iter().find(|d| d.name == queue)
     }
 
-    /// Declares every queue, stopping at the first failure.
+    /// Declares every exchange, then every queue, then every binding,
+    /// stopping at the first failure.
     pub async fn declare(&self, conn: &Connection) -> Result<(), TopologyError> {
+        for x in &self.exchanges {
+            declare_exchange(conn, x).await?;
+        }
         for d in &self.decls {
             declare_one(conn, d).await?;
         }
+        for b in &self.bindings {
+            bind(conn, b).await?;
+        }
         Ok(())
+    }
+}
+
+impl Topology {
+    /// Declares again what belongs to queue `q` (after the broker deleted
+    /// it): the exchanges it is bound to, the queue, its dead-letter queue
+    /// and rungs, then its bindings — a deleted queue loses its bindings
+    /// with it.
+    pub async fn declare_for_queue(&self, conn: &Connection, q: &str) -> Result<(), TopologyError> {
+        let dlq = format!("{q}.dlq");
+        let rungs = format!("{q}.retry.");
+        let bindings: Vec<&BindingDecl> = self.bindings.iter().filter(|b| b.queue == q).collect();
+        for x in &self.exchanges {
+            if bindings.iter().any(|b| b.exchange == x.name) {
+                declare_exchange(conn, x).await?;
+            }
+        }
+        for d in &self.decls {
+            if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
+                declare_one(conn, d).await?;
+            }
+        }
+        for b in bindings {
+            bind(conn, b).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The broker's reply code and text, when `e` is an AMQP error.
+fn reply(e: &lapin::Error) -> Option<(u16, String)> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            Some((amqp.get_id(), amqp.get_message().to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// 404 NOT_FOUND.
+const NOT_FOUND: u16 = 404;
+/// 406 PRECONDITION_FAILED.
+const PRECONDITION_FAILED: u16 = 406;
+
+async fn open_channel(conn: &Connection, what: &str) -> Result<lapin::Channel, TopologyError> {
+    conn.create_channel()
+        .await
+        .map_err(|e| TopologyError::Broker {
+            queue: what.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// Declares one exchange on a channel of its own.
+pub async fn declare_exchange(conn: &Connection, x: &ExchangeDecl) -> Result<(), TopologyError> {
+    let channel = open_channel(conn, &x.name).await?;
+    let kind = match x.kind {
+        ExchangeKind::Direct => lapin::ExchangeKind::Direct,
+        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+        ExchangeKind::Headers => lapin::ExchangeKind::Headers,
+    };
+    let res = channel
+        .exchange_declare(
+            x.name.as_str().into(),
+            kind,
+            ExchangeDeclareOptions {
+                durable: x.durable,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match res {
+        Ok(()) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match reply(&e) {
+            Some((PRECONDITION_FAILED, message)) => Err(TopologyError::ExchangeConflict {
+                exchange: x.name.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: x.name.clone(),
+                message: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// Binds a queue to an exchange on a channel of its own.
+pub async fn bind(conn: &Connection, b: &BindingDecl) -> Result<(), TopologyError> {
+    let channel = open_channel(conn, &b.queue).await?;
+    let res = channel
+        .queue_bind(
+            b.queue.as_str().into(),
+            b.exchange.as_str().into(),
+            b.routing_key.as_str().into(),
+            QueueBindOptions::default(),
+            b.arguments.clone(),
+        )
+        .await;
+    match res {
+        Ok(()) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match reply(&e) {
+            Some((NOT_FOUND, message)) => Err(TopologyError::NoExchange {
+                queue: b.queue.clone(),
+                exchange: b.exchange.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: b.queue.clone(),
+                message: e.to_string(),
+            }),
+        },
     }
 }
 
@@ -116,21 +355,20 @@ fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)>
 /// Declares one queue on a channel of its own (a refused declare closes the
 /// channel it was made on).
 pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), TopologyError> {
-    let channel = conn
-        .create_channel()
-        .await
-        .map_err(|e| TopologyError::Broker {
-            queue: d.name.clone(),
-            message: e.to_string(),
-        })?;
+    let channel = open_channel(conn, &d.name).await?;
     let res = channel
         .queue_declare(
             d.name.as_str().into(),
             QueueDeclareOptions {
                 durable: true,
+                passive: d.passive,
                 ..QueueDeclareOptions::default()
             },
-            d.arguments.clone(),
+            if d.passive {
+                FieldTable::default()
+            } else {
+                d.arguments.clone()
+            },
         )
         .await;
     match res {
@@ -138,9 +376,10 @@ pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), Topolog
             let _ = channel.close(200, "OK".into()).await;
             Ok(())
         }
-        Err(e) => {
-            let message = e.to_string();
-            if message.contains("PRECONDITION") || message.contains("inequivalent") {
+        Err(e) => match reply(&e) {
+            Some((PRECONDITION_FAILED, message)) => {
+                // The broker names the argument in its text; the code is
+                // what says it is a conflict.
                 let argument = message
                     .split("inequivalent arg '")
                     .nth(1)
@@ -152,13 +391,16 @@ pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), Topolog
                     argument,
                     message,
                 })
-            } else {
-                Err(TopologyError::Broker {
-                    queue: d.name.clone(),
-                    message,
-                })
             }
-        }
+            Some((NOT_FOUND, message)) if d.passive => Err(TopologyError::Missing {
+                queue: d.name.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: d.name.clone(),
+                message: e.to_string(),
+            }),
+        },
     }
 }
 
@@ -173,6 +415,32 @@ pub enum TopologyError {
         queue: String,
         /// The argument that differs.
         argument: String,
+        /// What the broker said.
+        message: String,
+    },
+    /// A queue marked `passive` does not exist (404 NOT_FOUND).
+    #[error("queue {queue:?} does not exist, and the config marks it passive: acemq checks that it exists and declares nothing (the broker said {message:?}). Declare it where it is managed, or remove passive: true so acemq declares it")]
+    Missing {
+        /// The queue.
+        queue: String,
+        /// What the broker said.
+        message: String,
+    },
+    /// An exchange exists with another type or durability (406).
+    #[error("exchange {exchange:?} already exists with a different type or durability: the broker said {message:?}. Change the config to match it, or delete it (rabbitmqctl delete_exchange {exchange}) if nothing else uses it")]
+    ExchangeConflict {
+        /// The exchange.
+        exchange: String,
+        /// What the broker said.
+        message: String,
+    },
+    /// A binding names an exchange that does not exist (404 NOT_FOUND).
+    #[error("cannot bind queue {queue:?} to exchange {exchange:?}: it does not exist (the broker said {message:?}). Add it under exchanges: in the config, or fix the name")]
+    NoExchange {
+        /// The queue.
+        queue: String,
+        /// The exchange.
+        exchange: String,
         /// What the broker said.
         message: String,
     },

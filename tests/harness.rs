@@ -130,14 +130,11 @@ async fn a_queues_own_classifier_and_retry_policy_in_code_replace_the_defaults()
                 Class::Transient
             }
         })
-        .retry_policy(RetryPolicy {
-            max_attempts: 2,
-            initial_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(1),
-            broker_wait_threshold: Duration::from_secs(30),
-            jitter: false,
-            retry_panics: false,
-        });
+        .retry_policy(RetryPolicy::exponential(
+            2,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ));
     let q = queue("queues: [{ name: coded, dead_letter: true }]");
     let mut h = TestQueue::with_stack(
         q,

@@ -96,17 +96,35 @@ pub enum Reason {
     Panic,
     /// The handler did not finish in time.
     Timeout,
+    /// The broker redelivered the message more often than the queue's
+    /// `max_redeliveries` (its `x-delivery-count` header, quorum queues):
+    /// dead-lettered without calling the handler, which breaks a crash loop.
+    Redelivered,
 }
 
 impl Reason {
-    /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`.
+    /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`,
+    /// `redelivered`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::MaxAttempts => "max-attempts",
             Reason::Rejected => "rejected",
             Reason::Panic => "panic",
             Reason::Timeout => "timeout",
+            Reason::Redelivered => "redelivered",
         }
+    }
+
+    /// The reason whose header form is `s`, if any.
+    pub fn from_header(s: &str) -> Option<Reason> {
+        Some(match s {
+            "max-attempts" => Reason::MaxAttempts,
+            "rejected" => Reason::Rejected,
+            "panic" => Reason::Panic,
+            "timeout" => Reason::Timeout,
+            "redelivered" => Reason::Redelivered,
+            _ => return None,
+        })
     }
 }
 

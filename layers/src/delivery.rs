@@ -227,6 +227,26 @@ impl Delivery {
     pub fn routing_key(&self) -> &str {
         &self.message.routing_key
     }
+    /// The exchange the message was first published to, on every attempt:
+    /// from attempt 2 on a copy comes back from a rung through the default
+    /// exchange, and this reads its
+    /// [`ORIGINAL_EXCHANGE_HEADER`](crate::headers::ORIGINAL_EXCHANGE_HEADER);
+    /// otherwise (and if the header is not a string) [`exchange`](Self::exchange).
+    pub fn original_exchange(&self) -> &str {
+        self.header_str(crate::headers::ORIGINAL_EXCHANGE_HEADER)
+            .unwrap_or(&self.message.exchange)
+    }
+    /// The routing key the message was first published with, on every
+    /// attempt (see [`original_exchange`](Self::original_exchange)); from
+    /// [`ORIGINAL_ROUTING_KEY_HEADER`](crate::headers::ORIGINAL_ROUTING_KEY_HEADER),
+    /// else [`routing_key`](Self::routing_key).
+    pub fn original_routing_key(&self) -> &str {
+        self.header_str(crate::headers::ORIGINAL_ROUTING_KEY_HEADER)
+            .unwrap_or(&self.message.routing_key)
+    }
+    fn header_str(&self, name: &str) -> Option<&str> {
+        self.message.headers.get(name).and_then(Value::as_str)
+    }
     /// The broker's delivery tag (unique per channel).
     pub fn delivery_tag(&self) -> u64 {
         self.delivery_tag

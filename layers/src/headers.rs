@@ -7,6 +7,23 @@
 
 use std::collections::BTreeMap;
 
+/// Header carried by rung copies and dead-letter copies: the exchange the
+/// message was first published to (empty for the default exchange). Set on
+/// the first hop, kept after; read back by
+/// [`Delivery::original_exchange`](crate::Delivery::original_exchange).
+pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-acemq-original-exchange";
+
+/// Header carried by rung copies and dead-letter copies: the routing key the
+/// message was first published with. Set on the first hop, kept after; read
+/// back by [`Delivery::original_routing_key`](crate::Delivery::original_routing_key).
+pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
+
+/// The header a quorum queue adds to a message it redelivers: how many times
+/// it was returned to the queue (a requeue, a closed channel, a hand-back).
+/// Never copied onto a rung or dead-letter copy (the copy is a new message
+/// to the broker, and a stale count would spend its bound).
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
 /// One header value. Mirrors the AMQP 0-9-1 field-value types.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -12,6 +12,7 @@
 //! | [`pause`] | holds requests before the handler; `close()` hands them back | held count |
 //! | [`in_flight`] | counts deliveries inside the handler, per queue | count, `wait_idle()` |
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
+//! | [`redelivery`] | dead-letters a message redelivered past its bound (crash loops) | — |
 //! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
 //! | [`cancel`] | a child token per request; abandons after a grace period | running handlers |
 //! | [`inbox`] | skips a delivery already processed, per (queue, message id); yours to add around the handler | — |
@@ -28,12 +29,18 @@
 //!    retries and dead-letters.
 //! 3. [`DeadLetterLayer`] — turns a dead-letter decision from below into a
 //!    confirmed publish with the reason headers.
-//! 4. [`RetryLayer`] — calls the inner service again after an in-process
+//! 4. [`RedeliveryLimitLayer`] — a delivery the broker redelivered more than
+//!    `max_redeliveries` times (`x-delivery-count`, quorum queues) becomes a
+//!    dead-letter decision for the layer above, without any attempt below.
+//! 5. [`RetryLayer`] — calls the inner service again after an in-process
 //!    wait, or publishes to a rung; decides when attempts are exhausted.
-//! 5. [`CancelLayer`] — innermost, so each attempt gets its own child token,
+//! 6. [`CancelLayer`] — innermost, so each attempt gets its own child token,
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
-//! 6. Your handler, with any of your own tower layers around it.
+//! 7. Your handler, with any of your own tower layers around it. It returns
+//!    `Ok(())` (acknowledge) or `Ok(`[`Verdict`]`)` (requeue, dead-letter
+//!    now); an error is retried, or dead-lettered at once when it carries a
+//!    [`Reject`] anywhere (see [`DefaultClassifier`]).
 //!
 //! ```
 //! use acemq_layers::{Delivery, Decision, InFlightLayer, InFlightCounter, PauseLayer, PauseHandle, CancelLayer};
@@ -70,7 +77,9 @@ pub mod inbox;
 mod lifeline;
 pub mod pause;
 mod publish;
+pub mod redelivery;
 pub mod retry;
+pub mod verdict;
 
 pub use cancel::{Cancel, CancelLayer};
 pub use dead_letter::{DeadLetter, DeadLetterLayer};
@@ -79,7 +88,7 @@ pub use delivery::{
     parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT,
 };
 pub use error::{
-    display_chain, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
+    display_chain, is_timeout, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
 };
 pub use headers::{Headers, Value};
 pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
@@ -87,4 +96,6 @@ pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
+pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};
+pub use verdict::{IntoVerdict, Verdict};

@@ -4,7 +4,25 @@
 use std::future::Future;
 
 use crate::delivery::Delivery;
-use crate::headers::Headers;
+use crate::headers::{
+    Headers, DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+};
+
+/// The headers a copy of `delivery` (rung or dead-letter) starts from: the
+/// original ones, without the broker's `x-delivery-count`, with where the
+/// message came from (`x-acemq-original-exchange` / `-routing-key`) added
+/// on the first hop and kept after.
+pub(crate) fn copy_headers(delivery: &Delivery) -> Headers {
+    let mut headers = delivery.headers().clone();
+    headers.remove(DELIVERY_COUNT_HEADER);
+    if headers.get(ORIGINAL_EXCHANGE_HEADER).is_none() {
+        headers.insert(ORIGINAL_EXCHANGE_HEADER, delivery.exchange());
+    }
+    if headers.get(ORIGINAL_ROUTING_KEY_HEADER).is_none() {
+        headers.insert(ORIGINAL_ROUTING_KEY_HEADER, delivery.routing_key());
+    }
+    headers
+}
 
 /// A copy of a delivery to publish to `queue` (through the default exchange)
 /// with `mandatory` set, carrying the original body and properties and these

@@ -21,8 +21,8 @@ use std::alloc::System;
 use std::hint::black_box;
 
 use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Decision, Delivery, InFlightCounter, InFlightLayer,
-    PauseHandle, PauseLayer, RetryLayer,
+    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer, PauseHandle,
+    PauseLayer, RetryLayer,
 };
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[path = "../benches/support/success_path.rs"]
 mod success_path;
-use success_path::{handle, policy, NoopPublish};
+use success_path::{handle, handle_decision, policy, NoopPublish};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -57,10 +57,10 @@ const N: usize = 1_000;
 const TRIES: usize = 3;
 
 /// The success path's handler, yielding once to the runtime first.
-async fn handle_yielding(d: Delivery) -> Result<Decision, BoxError> {
+async fn handle_yielding(d: Delivery) -> Result<(), BoxError> {
     tokio::task::yield_now().await;
     black_box(d.body().len());
-    Ok(Decision::Ack)
+    Ok(())
 }
 
 /// The stack `acemq::App::consume` builds (pause → in-flight → dead-letter
@@ -134,17 +134,17 @@ fn each_layer_allocates_no_more_than_measured_on_the_success_path() {
 }
 
 async fn each_layer() {
-    let bare = allocations_per_delivery(tower::service_fn(handle)).await;
+    let bare = allocations_per_delivery(tower::service_fn(handle_decision)).await;
     let in_flight = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(InFlightLayer::new(InFlightCounter::new()))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let pause = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(PauseLayer::new(PauseHandle::new()))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let cancel = allocations_per_delivery(
@@ -160,13 +160,13 @@ async fn each_layer() {
                 NoopPublish,
                 CancellationToken::new(),
             ))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let dead_letter = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(DeadLetterLayer::new(NoopPublish))
-            .service_fn(handle),
+            .service_fn(handle_decision),
     )
     .await;
     let full = allocations_per_delivery(whole_stack!(handle)).await;

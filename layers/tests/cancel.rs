@@ -37,7 +37,7 @@ impl Drop for DropFlag {
 async fn a_handler_that_succeeds_is_acked() {
     let svc = ServiceBuilder::new()
         .layer(CancelLayer::new(CancellationToken::new()))
-        .service_fn(|_d: Delivery| async { Ok::<_, std::io::Error>("any response") });
+        .service_fn(|_d: Delivery| async { Ok::<_, std::io::Error>(()) });
     assert_eq!(svc.oneshot(delivery()).await.unwrap(), Decision::Ack);
 }
 

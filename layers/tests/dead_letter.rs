@@ -122,7 +122,14 @@ async fn a_dead_letter_decision_is_published_with_all_five_headers_and_the_origi
         h.get("traceparent").is_some(),
         "the trace context travels with the copy"
     );
-    assert_eq!(h.len(), 7);
+    // Where the message came from, added on this first hop.
+    assert!(h
+        .get(acemq_layers::headers::ORIGINAL_EXCHANGE_HEADER)
+        .is_some());
+    assert!(h
+        .get(acemq_layers::headers::ORIGINAL_ROUTING_KEY_HEADER)
+        .is_some());
+    assert_eq!(h.len(), 9);
     assert_eq!(
         counters.get("acemq.dead_lettered{queue=orders,reason=max-attempts}"),
         1
@@ -309,13 +316,9 @@ async fn a_disabled_layer_passes_everything_through() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn over_the_retry_layer_exhausted_attempts_reach_the_dead_letter_queue() {
     let broker = FakePublisher::default();
-    let policy = RetryPolicy {
-        max_attempts: 3,
-        initial_delay: Duration::from_millis(100),
-        max_delay: Duration::from_secs(1),
-        broker_wait_threshold: Duration::from_secs(10),
-        ..RetryPolicy::none()
-    };
+    let mut policy =
+        RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_secs(1));
+    policy.broker_wait_threshold = Duration::from_secs(10);
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(broker.clone()))
         .layer(RetryLayer::new(

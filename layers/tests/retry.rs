@@ -63,13 +63,9 @@ fn delivery() -> Delivery {
 }
 
 fn policy(initial: Duration, threshold: Duration, max_attempts: u32) -> RetryPolicy {
-    RetryPolicy {
-        max_attempts,
-        initial_delay: initial,
-        max_delay: Duration::from_secs(3600),
-        broker_wait_threshold: threshold,
-        ..RetryPolicy::none()
-    }
+    let mut p = RetryPolicy::exponential(max_attempts, initial, Duration::from_secs(3600));
+    p.broker_wait_threshold = threshold;
+    p
 }
 
 fn ms(n: u64) -> Duration {
@@ -266,10 +262,8 @@ async fn a_handler_panic_is_dead_lettered_as_panic() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_handler_panic_is_retried_when_the_policy_retries_panics() {
     let calls = Calls::default();
-    let p = RetryPolicy {
-        retry_panics: true,
-        ..policy(ms(10), ms(400), 5)
-    };
+    let mut p = policy(ms(10), ms(400), 5);
+    p.retry_panics = true;
     let layer = RetryLayer::new(p, FakePublisher::default(), CancellationToken::new());
     let svc = layer.layer(scripted(&calls, |n| {
         if n == 1 {
@@ -596,10 +590,8 @@ async fn dropping_the_future_during_a_wait_ends_the_wait_and_its_count() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn jittered_in_process_waits_stay_within_twenty_percent() {
     let calls = Calls::default();
-    let p = RetryPolicy {
-        jitter: true,
-        ..policy(Duration::from_secs(1), Duration::from_secs(60), 2)
-    };
+    let mut p = policy(Duration::from_secs(1), Duration::from_secs(60), 2);
+    p.jitter = true;
     let layer = RetryLayer::new(p, FakePublisher::default(), CancellationToken::new());
     let svc = layer.layer(scripted(&calls, |n| {
         if n == 1 {

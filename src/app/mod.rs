@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 use tracing::{info, warn};
 
-use crate::config::{Config, QueueConfig};
+use crate::config::{Config, ConfigError, QueueConfig};
 use crate::connection::{connect_any, redact, resolve_addresses, ConnectError, ConnectOptions};
 use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
@@ -58,9 +58,10 @@ type Starter = Box<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
-    /// The config is invalid, or names a queue that has no handler (or the reverse).
-    #[error("{0}")]
-    Config(String),
+    /// The config is invalid, or names a queue that has no handler (or the
+    /// reverse); [`ConfigError::field`] names the offending field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The broker could not be reached.
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -91,12 +92,15 @@ pub enum StartError {
 }
 
 impl StartError {
-    /// The exit code for this failure (78 config, 69 broker unreachable).
+    /// The exit code for this failure (78 config — including an address
+    /// that is not an `amqp://` URL — 69 broker unreachable).
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartError::Config(_) | StartError::Topology(TopologyError::Conflict { .. }) => {
-                EXIT_CONFIG
-            }
+            StartError::Config(_)
+            | StartError::Connect(ConnectError::BadAddress { .. })
+            | StartError::Topology(
+                TopologyError::Conflict { .. } | TopologyError::ExchangeConflict { .. },
+            ) => EXIT_CONFIG,
             StartError::Stopped { .. } => EXIT_OK,
             _ => EXIT_UNAVAILABLE,
         }
@@ -237,7 +241,7 @@ impl App {
         H: Service<Delivery> + Clone + Send + 'static,
         H::Error: Into<BoxError>,
         H::Future: Send + 'static,
-        H::Response: Send + 'static,
+        H::Response: acemq_layers::IntoVerdict + Send + 'static,
     {
         self.consume_with(queue, QueueStack::new(), handler)
     }
@@ -261,7 +265,7 @@ impl App {
         I::Service: Service<Delivery> + Clone + Send + 'static,
         <I::Service as Service<Delivery>>::Error: Into<BoxError>,
         <I::Service as Service<Delivery>>::Future: Send + 'static,
-        <I::Service as Service<Delivery>>::Response: Send + 'static,
+        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
         O: Layer<
             tower::util::MapResult<
                 crate::stack::Attempts<H, I, Publisher, C>,
@@ -348,24 +352,12 @@ impl App {
                 q.retries = Some(crate::config::RetriesConfig::from_policy(&policy));
             }
         }
-        config
-            .validate()
-            .map_err(|e| StartError::Config(e.to_string()))?;
-        for (q, _) in &starters {
-            if config.queue(q).is_none() {
-                return Err(StartError::Config(format!(
-                    "a handler was given for queue {q:?}, which the config does not name: add it under `queues:` or fix the name"
-                )));
-            }
-        }
-        for q in &config.queues {
-            if !starters.iter().any(|(n, _)| n == &q.name) {
-                return Err(StartError::Config(format!(
-                    "queues: {:?} has no handler: call App::consume({:?}, handler) or remove it from the config",
-                    q.name, q.name
-                )));
-            }
-        }
+        config.validate()?;
+        config.check_handlers(starters.iter().map(|(q, _)| q.as_str()))?;
+        // A queue with `consume: false` is declared (the topology is built
+        // from `declared`) and not consumed.
+        let declared = config.clone();
+        config.queues.retain(|q| q.consume);
         let worst = crate::drain::worst_case(&config);
         if let Some(w) = config.host_deadline_warning() {
             warn!("{w}");
@@ -383,7 +375,15 @@ impl App {
         tokio::pin!(stop);
         let mut opened: Vec<Arc<lapin::Connection>> = Vec::new();
         let result = {
-            let phases = start_phases(&config, &addresses, &options, &name, &health, &mut opened);
+            let phases = start_phases(
+                &config,
+                &declared,
+                &addresses,
+                &options,
+                &name,
+                &health,
+                &mut opened,
+            );
             tokio::select! {
                 r = phases => r,
                 signal = &mut stop => Err(StartError::Stopped { signal }),
@@ -459,9 +459,13 @@ impl App {
                             tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into()))
                                 .await;
                     }
-                    return Err(StartError::Config(format!(
-                        "building the handler stack of {:?} panicked: {panic}",
-                        shared.config.queues[index].name
+                    return Err(StartError::Config(ConfigError::invalid(
+                        format!("queues[{index}]"),
+                        format!(
+                            "{:?}: building its handler stack panicked: {panic}",
+                            shared.config.queues[index].name
+                        ),
+                        "fix the layer or handler given to App::consume for it",
                     )));
                 }
             };
@@ -537,6 +541,7 @@ type Started = (
 /// or a stop signal can close them.
 async fn start_phases(
     config: &Config,
+    declared: &Config,
     addresses: &[String],
     options: &ConnectOptions,
     name: &str,
@@ -549,7 +554,7 @@ async fn start_phases(
     health.set_broker(Role::Consumer, Some(c.address));
     let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
-    let topology = Topology::from_config(config);
+    let topology = Topology::from_config(declared);
     topology.declare(&consume_conn).await?;
     info!(
         queues = topology.decls().len(),

@@ -35,7 +35,7 @@ use crate::consumer::{End, QueueStats};
 use crate::drain::{Link, QueueHandle};
 use crate::health::{Health, Role};
 use crate::publisher::Publisher;
-use crate::topology::{declare_one, Topology};
+use crate::topology::Topology;
 
 /// The first reconnect or recovery delay; it doubles up to [`BACKOFF_MAX`].
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(200);
@@ -190,14 +190,7 @@ async fn declare_queue(
     q: &str,
     connection: &Connection,
 ) -> Result<(), StartError> {
-    let dlq = format!("{q}.dlq");
-    let rungs = format!("{q}.retry.");
-    for d in topology.decls() {
-        if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
-            declare_one(connection, d).await?;
-        }
-    }
-    Ok(())
+    Ok(topology.declare_for_queue(connection, q).await?)
 }
 
 /// A generation registered as its queue's live one, its loop spawned.

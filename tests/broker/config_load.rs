@@ -87,14 +87,9 @@ async fn the_designs_yaml_loads_and_starts_a_consumer_on_the_broker() {
 fn with_retries(name: &str) -> QueueConfig {
     let mut q = QueueConfig::new(name);
     q.dead_letter = true;
-    q.retries = Some(RetriesConfig {
-        max_attempts: 3,
-        initial_delay: Duration::from_millis(200),
-        max_delay: Duration::from_millis(800),
-        broker_wait_threshold: Duration::from_millis(400),
-        jitter: false,
-        retry_panics: false,
-    });
+    let mut retries = RetriesConfig::new(3, Duration::from_millis(200), Duration::from_millis(800));
+    retries.broker_wait_threshold = Duration::from_millis(400);
+    q.retries = Some(retries);
     q
 }
 
@@ -140,10 +135,7 @@ async fn every_invalid_config_fails_the_start_with_a_config_error_naming_the_fie
         let mut queues = vec![with_retries(&q)];
         edit(&mut queues);
         let name = queues[0].name.clone();
-        let config = Config {
-            queues,
-            ..Config::default()
-        };
+        let config = Config::new(queues);
         let calls = Arc::new(AtomicUsize::new(0));
         let err = App::new(config)
             .consume(&name, counting(calls))
@@ -151,9 +143,15 @@ async fn every_invalid_config_fails_the_start_with_a_config_error_naming_the_fie
             .await
             .expect_err(case);
         assert_eq!(err.exit_code(), 78, "{case}: EX_CONFIG: {err}");
-        let StartError::Config(message) = &err else {
+        let StartError::Config(config_err) = &err else {
             panic!("{case}: expected a config error, got {err:?}");
         };
+        assert_eq!(
+            config_err.field(),
+            Some(field),
+            "{case}: the typed error keeps the field"
+        );
+        let message = config_err.to_string();
         assert!(message.contains(field), "{case}: names {field}: {message}");
         assert!(message.starts_with("invalid config: "), "{case}: {message}");
         // Rejected before anything was declared.
@@ -177,9 +175,10 @@ async fn a_handler_for_a_queue_the_config_does_not_name_is_a_config_error() {
         .await
         .expect_err("an unknown queue is refused");
     assert_eq!(err.exit_code(), 78, "{err}");
-    let StartError::Config(message) = &err else {
+    let StartError::Config(config_err) = &err else {
         panic!("expected a config error, got {err:?}");
     };
+    let message = config_err.to_string();
     assert!(message.contains(&stranger), "names the queue: {message}");
     assert_eq!(broker.ready(&q).await, None, "nothing declared");
     assert_eq!(broker.ready(&stranger).await, None, "nothing declared");
@@ -200,9 +199,10 @@ async fn a_queue_in_the_config_without_a_handler_is_a_config_error() {
         .await
         .expect_err("a queue with no handler is refused");
     assert_eq!(err.exit_code(), 78, "{err}");
-    let StartError::Config(message) = &err else {
+    let StartError::Config(config_err) = &err else {
         panic!("expected a config error, got {err:?}");
     };
+    let message = config_err.to_string();
     assert!(message.contains(&orphan), "names the queue: {message}");
     assert_eq!(broker.ready(&q).await, None, "nothing declared");
     broker.delete(&[q, orphan]).await;

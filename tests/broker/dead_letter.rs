@@ -387,6 +387,8 @@ async fn every_header_type_survives_dead_lettering_as_the_broker_delivers_it() {
         "x-acemq-attempts",
         "x-acemq-queue",
         "x-acemq-dead-lettered-at",
+        "x-acemq-original-exchange",
+        "x-acemq-original-routing-key",
     ] {
         assert!(got.remove(added).is_some(), "{added} added");
     }

@@ -85,12 +85,10 @@ fn handler(probe: Arc<Probe>, work: Work) -> impl TestHandler {
 }
 
 fn one_queue(q: &str, shutdown_timeout: Duration, abandon_after: Duration) -> Config {
-    Config {
-        shutdown_timeout,
-        abandon_after,
-        queues: vec![QueueConfig::new(q)],
-        ..Config::default()
-    }
+    let mut config = Config::new([QueueConfig::new(q)]);
+    config.shutdown_timeout = shutdown_timeout;
+    config.abandon_after = abandon_after;
+    config
 }
 
 /// A unique queue named after `tag`, a [`Broker`], a [`Probe`], and an app
@@ -339,12 +337,9 @@ async fn three_queues_share_one_deadline_so_three_stuck_handlers_cost_one_timeou
         .map(|i| unique(&format!("drain-shared-{i}")))
         .collect();
     let mut broker = Broker::new().await;
-    let config = Config {
-        shutdown_timeout: Duration::from_secs(1),
-        abandon_after: Duration::from_secs(1),
-        queues: qs.iter().map(QueueConfig::new).collect(),
-        ..Config::default()
-    };
+    let mut config = Config::new(qs.iter().map(QueueConfig::new));
+    config.shutdown_timeout = Duration::from_secs(1);
+    config.abandon_after = Duration::from_secs(1);
     let probes: Vec<Arc<Probe>> = qs.iter().map(|_| Probe::new()).collect();
     let mut app = App::new(config);
     for (q, p) in qs.iter().zip(&probes) {
@@ -398,12 +393,9 @@ async fn fifty_buffered(
     let mut queue = QueueConfig::new(q.clone());
     queue.prefetch = 50;
     queue.concurrency = 1;
-    let config = Config {
-        shutdown_timeout: Duration::from_secs(10),
-        prefetch_policy: policy,
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = Duration::from_secs(10);
+    config.prefetch_policy = policy;
     // Declared by the runner; publish once it exists but before the handler
     // can take anything: the app starts, then the messages arrive together.
     let probe = Probe::new();

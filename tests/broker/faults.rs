@@ -204,11 +204,8 @@ async fn a_connection_lost_with_a_full_prefetch_buffer_starts_no_more_work_from_
     let mut queue = QueueConfig::new(q.clone());
     queue.prefetch = 20;
     queue.concurrency = CONCURRENCY;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config)
         .amqp_addr(proxy.amqp_addr())
         .connection_name(format!("acemq-test-{q}"))
@@ -307,11 +304,8 @@ async fn a_reject_from_a_handler_of_a_lost_connection_is_dropped_so_the_dead_let
     });
     let mut queue = QueueConfig::new(q.clone());
     queue.dead_letter = true;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config)
         .amqp_addr(proxy.amqp_addr())
         .consume(&q, handler);
@@ -391,11 +385,8 @@ async fn a_queue_deleted_while_consumed_is_declared_again_and_consumed_within_fi
     });
     let mut queue = QueueConfig::new(q.clone());
     queue.dead_letter = true;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config).consume(&q, handler);
     let health = app.health();
     let running = app.start().await.expect("starts");
@@ -496,11 +487,8 @@ async fn a_handler_whose_poll_ready_panics_is_noticed_logged_and_its_queue_resta
     let mut queue = QueueConfig::new(q.clone());
     queue.prefetch = 10;
     queue.concurrency = 1;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config).consume(&q, handler);
     let health = app.health();
     let running = app.start().await.expect("starts");
@@ -694,12 +682,9 @@ async fn a_drain_whose_consumer_never_answers_its_cancel_reports_a_timeout_namin
     let _cleanup = QueueCleanup::new(all_queues(&q));
     let mut broker = Broker::new().await;
     let proxy = Proxy::start().await;
-    let config = Config {
-        shutdown_timeout: SECS(2),
-        abandon_after: SECS(1),
-        queues: vec![QueueConfig::new(q.clone())],
-        ..Config::default()
-    };
+    let mut config = Config::new([QueueConfig::new(q.clone())]);
+    config.shutdown_timeout = SECS(2);
+    config.abandon_after = SECS(1);
     let app = App::new(config).amqp_addr(proxy.amqp_addr()).consume(
         &q,
         tower::service_fn(|_d: Delivery| async { Ok::<(), BoxError>(()) }),

@@ -24,11 +24,8 @@ async fn a_long_pause_hands_the_held_work_back_and_cancels_the_consumer_until_re
     let mut queue = QueueConfig::new(q.clone());
     queue.prefetch = 10;
     queue.concurrency = 2;
-    let config = Config {
-        pause_hand_back_after: Duration::from_secs(1),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.pause_hand_back_after = Duration::from_secs(1);
     let app = App::new(config).consume(
         &q,
         tower::service_fn(move |_d: Delivery| {

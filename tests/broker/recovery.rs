@@ -34,11 +34,8 @@ async fn a_queue_deleted_while_consumed_is_declared_again_and_consumed_within_se
     };
     let mut queue = QueueConfig::new(&q);
     queue.dead_letter = true;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config)
         .connection_name(format!("acemq-test-{q}"))
         .consume(&q, handler);

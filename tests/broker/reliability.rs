@@ -77,11 +77,9 @@ fn recording(seen: Arc<Seen>, hold_for: Duration) -> impl TestHandler {
 fn dead_letter_config(q: &str, shutdown_timeout: Duration) -> Config {
     let mut queue = QueueConfig::new(q);
     queue.dead_letter = true;
-    Config {
-        shutdown_timeout,
-        queues: vec![queue],
-        ..Config::default()
-    }
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = shutdown_timeout;
+    config
 }
 
 /// Publishes a `hold` to `q` and waits until its handler has started.

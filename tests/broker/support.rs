@@ -219,19 +219,12 @@ pub fn retry_config(
 ) -> acemq::Config {
     let mut q = acemq::config::QueueConfig::new(name);
     q.dead_letter = true;
-    q.retries = Some(acemq::config::RetriesConfig {
-        max_attempts,
-        initial_delay: initial,
-        max_delay: max,
-        broker_wait_threshold: threshold,
-        jitter: false,
-        retry_panics: false,
-    });
-    acemq::Config {
-        shutdown_timeout: Duration::from_secs(10),
-        queues: vec![q],
-        ..acemq::Config::default()
-    }
+    let mut retries = acemq::config::RetriesConfig::new(max_attempts, initial, max);
+    retries.broker_wait_threshold = threshold;
+    q.retries = Some(retries);
+    let mut config = acemq::Config::new([q]);
+    config.shutdown_timeout = Duration::from_secs(10);
+    config
 }
 
 /// The ladder most broker tests use: `name` with dead-lettering on and 4
@@ -249,10 +242,7 @@ pub fn ladder_config(name: &str) -> acemq::Config {
 
 /// A config with the one queue `name`, everything else as the defaults.
 pub fn plain_config(name: &str) -> acemq::Config {
-    acemq::Config {
-        queues: vec![acemq::config::QueueConfig::new(name)],
-        ..acemq::Config::default()
-    }
+    acemq::Config::new([acemq::config::QueueConfig::new(name)])
 }
 
 /// What the test handlers are: a `Service<Delivery>` that `App::consume`
@@ -284,7 +274,7 @@ where
     H: tower::Service<acemq::Delivery> + Clone + Send + 'static,
     H::Error: Into<acemq::BoxError>,
     H::Future: Send + 'static,
-    H::Response: Send + 'static,
+    H::Response: acemq::IntoVerdict + Send + 'static,
 {
     acemq::App::new(config)
         .consume(queue, handler)
@@ -519,7 +509,19 @@ impl ShopProcess {
     /// Writes `yaml` to a config file named after `q` and starts the shop on
     /// `q` with it; `envs` are set after `RUST_LOG` is removed.
     pub fn spawn(q: &str, yaml: &str, envs: &[(&str, &str)]) -> ShopProcess {
-        let config = std::env::temp_dir().join(format!("{q}.yaml"));
+        ShopProcess::spawn_with_args(q, yaml, &["--no-seed", "--queue", q], envs)
+    }
+
+    /// Writes `yaml` to a config file named after `tag` and starts the shop
+    /// with it, `args` and `--http`; `envs` are set after `RUST_LOG` is
+    /// removed.
+    pub fn spawn_with_args(
+        tag: &str,
+        yaml: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> ShopProcess {
+        let config = std::env::temp_dir().join(format!("{tag}.yaml"));
         std::fs::write(&config, yaml).expect("write the config");
         let http = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -528,7 +530,8 @@ impl ShopProcess {
         let mut cmd = tokio::process::Command::new(shop_binary());
         cmd.arg("--config")
             .arg(&config)
-            .args(["--no-seed", "--queue", q, "--http", &http])
+            .args(args)
+            .args(["--http", &http])
             .env_remove("RUST_LOG")
             .env("NO_COLOR", "1")
             .stdin(std::process::Stdio::null())

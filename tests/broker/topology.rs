@@ -301,14 +301,9 @@ async fn a_quorum_queue_round_trips_and_its_rung_and_dlq_are_quorum_with_at_leas
     qc.kind = QueueType::Quorum;
     qc.dead_letter = true;
     // One retry, 400 ms on the rung.
-    qc.retries = Some(RetriesConfig {
-        max_attempts: 2,
-        initial_delay: MS(400),
-        max_delay: MS(400),
-        broker_wait_threshold: MS(400),
-        jitter: false,
-        retry_panics: false,
-    });
+    let mut retries = RetriesConfig::new(2, MS(400), MS(400));
+    retries.broker_wait_threshold = MS(400);
+    qc.retries = Some(retries);
     let mut config = Config::default();
     config.queues.push(qc);
     let all = topology_queues(&config);

@@ -74,20 +74,15 @@ fn config(q: &str) -> Config {
     queue.prefetch = PREFETCH;
     queue.concurrency = CONCURRENCY;
     queue.dead_letter = true;
-    queue.retries = Some(RetriesConfig {
-        max_attempts: 5,
-        initial_delay: SECS(2),
-        max_delay: SECS(2),
-        broker_wait_threshold: SECS(1),
-        jitter: false,
-        retry_panics: false,
+    queue.retries = Some({
+        let mut r = RetriesConfig::new(5, SECS(2), SECS(2));
+        r.broker_wait_threshold = SECS(1);
+        r
     });
-    Config {
-        shutdown_timeout: SECS(10),
-        connect_timeout: SECS(5),
-        queues: vec![queue],
-        ..Config::default()
-    }
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
+    config.connect_timeout = SECS(5);
+    config
 }
 
 /// What the steady publisher got confirmed, and what it sent.

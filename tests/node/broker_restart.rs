@@ -99,11 +99,8 @@ async fn a_broker_restart_under_load_turns_readiness_off_then_on_and_every_confi
     let mut queue = QueueConfig::new(&q);
     queue.prefetch = PREFETCH;
     queue.concurrency = 4;
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config)
         .amqp_addr(addr())
         .connection_name(format!("acemq-node-test-{q}-app"))

@@ -68,11 +68,8 @@ async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_
     let mut queue = QueueConfig::new(&q);
     queue.prefetch = 4;
     queue.concurrency = 2;
-    let config = Config {
-        shutdown_timeout: SECS(5),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(5);
     let app = App::new(config)
         .amqp_addr(addr())
         .connection_name(format!("acemq-node-test-{q}-app"))

@@ -86,19 +86,13 @@ async fn during_a_memory_alarm_successes_keep_being_acked_while_a_retry_waits_an
     queue.prefetch = 10;
     queue.concurrency = 2;
     queue.dead_letter = true;
-    queue.retries = Some(RetriesConfig {
-        max_attempts: 5,
-        initial_delay: SECS(1),
-        max_delay: SECS(1),
-        broker_wait_threshold: SECS(1),
-        jitter: false,
-        retry_panics: false,
+    queue.retries = Some({
+        let mut r = RetriesConfig::new(5, SECS(1), SECS(1));
+        r.broker_wait_threshold = SECS(1);
+        r
     });
-    let config = Config {
-        shutdown_timeout: SECS(10),
-        queues: vec![queue],
-        ..Config::default()
-    };
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
     let app = App::new(config)
         .amqp_addr(addr())
         .connection_name(format!("acemq-node-test-{q}-app"))

@@ -15,7 +15,7 @@ use acemq_layers::{BoxError, Decision, Delivery};
 use tokio::runtime::Runtime;
 use tower::{Service, ServiceExt};
 
-use crate::success_path::handle;
+use crate::success_path::{handle, handle_decision};
 
 /// The success path's handler, yielding once to the runtime first (the
 /// 8-task group).
@@ -23,6 +23,14 @@ pub(crate) async fn handle_yielding(d: Delivery) -> Result<Decision, BoxError> {
     tokio::task::yield_now().await;
     black_box(d.body().len());
     Ok(Decision::Ack)
+}
+
+/// The same, answering `Ok(())` as a handler does (for the cases with the
+/// cancellation layer, which turns it into a decision).
+pub(crate) async fn handle_yielding_unit(d: Delivery) -> Result<(), BoxError> {
+    tokio::task::yield_now().await;
+    black_box(d.body().len());
+    Ok(())
 }
 
 pub(crate) fn delivery() -> Delivery {
@@ -65,7 +73,7 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 /// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
 /// → cancel).
 macro_rules! each_case {
-    ($visit:expr, $handler:expr) => {{
+    ($visit:expr, $handler:expr, $unit:expr) => {{
         use acemq_layers::{
             CancelLayer, DeadLetterLayer, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer,
             RetryLayer,
@@ -99,7 +107,7 @@ macro_rules! each_case {
             "cancel",
             ServiceBuilder::new()
                 .layer(CancelLayer::new(CancellationToken::new()))
-                .service_fn($handler),
+                .service_fn($unit),
         );
         v.case(
             "retry",
@@ -129,19 +137,19 @@ macro_rules! each_case {
                     CancellationToken::new(),
                 ))
                 .layer(CancelLayer::new(CancellationToken::new()))
-                .service_fn($handler),
+                .service_fn($unit),
         );
     }};
 }
 
 /// Every case of the `per_delivery` group (the handler returns at once).
 pub(crate) fn per_delivery(v: &mut impl Visit) {
-    each_case!(v, handle);
+    each_case!(v, handle_decision, handle);
 }
 
 /// Every case of the `concurrent_8_tasks` group (the handler yields once).
 pub(crate) fn concurrent_8_tasks(v: &mut impl Visit) {
-    each_case!(v, handle_yielding);
+    each_case!(v, handle_yielding, handle_yielding_unit);
 }
 
 /// Times (thread CPU) `iters` deliveries through `svc`, one after another.

@@ -14,7 +14,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::{BoxError, Decision};
 use crate::lifeline::Cancellation;
-use crate::HandlerPanic;
+use crate::{HandlerPanic, IntoVerdict};
 
 pin_project! {
     /// Response future of [`Cancel`](super::Cancel): the handler's future,
@@ -32,6 +32,7 @@ pin_project! {
         watch: Watch,
         child: Cancellation,
         abandon_after: Duration,
+        attempt: u32,
     }
 }
 
@@ -68,12 +69,13 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, child: Cancellation, abandon_after: Duration) -> Self {
+    pub(crate) fn new(fut: F, child: Cancellation, abandon_after: Duration, attempt: u32) -> Self {
         ResponseFuture {
             handler: Handler::Running { fut },
             watch: Watch::Idle,
             child,
             abandon_after,
+            attempt,
         }
     }
 
@@ -89,6 +91,7 @@ impl<F> ResponseFuture<F> {
             watch: Watch::Idle,
             child,
             abandon_after,
+            attempt: 1,
         }
     }
 }
@@ -96,6 +99,7 @@ impl<F> ResponseFuture<F> {
 impl<F, R, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<R, E>>,
+    R: IntoVerdict,
     E: Into<BoxError>,
 {
     type Output = Result<Decision, BoxError>;
@@ -119,7 +123,7 @@ where
             Ok(Poll::Ready(result)) => {
                 this.handler.set(Handler::Done);
                 return Poll::Ready(match result {
-                    Ok(_) => Ok(Decision::Ack),
+                    Ok(r) => Ok(r.into_verdict().into_decision(*this.attempt)),
                     // Stopped because it was told to: not a failure.
                     Err(_) if this.child.is_cancelled() => Ok(Decision::HandBack),
                     Err(e) => Err(e.into()),

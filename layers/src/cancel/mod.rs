@@ -8,8 +8,10 @@
 //!    ([`Delivery::token`]): cancelling the root (the drain does, once its
 //!    deadline has passed) reaches every running handler; cancelling one
 //!    delivery's token reaches nothing else;
-//! 2. turns the handler's result into a [`Decision`]: `Ok(_)` is
-//!    [`Decision::Ack`]; an error is `Err` (boxed) for the retry and
+//! 2. turns the handler's result into a [`Decision`]: `Ok(())` is
+//!    [`Decision::Ack`], `Ok(outcome)` what the [`Verdict`](crate::Verdict)
+//!    says (any other `Ok` type does not compile, see
+//!    [`IntoVerdict`](crate::IntoVerdict)); an error is `Err` (boxed) for the retry and
 //!    dead-letter layers to judge — unless the delivery's token was
 //!    cancelled, in which case the handler stopped because it was told to,
 //!    which is no failure: [`Decision::HandBack`];

@@ -9,6 +9,7 @@ use tower::Service;
 use super::future::ResponseFuture;
 use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
 use crate::lifeline::Cancellation;
+use crate::IntoVerdict;
 
 /// Runs `S` with the root's cancellation for every request, a caught panic and abandonment;
 /// see the [module docs](super).
@@ -68,6 +69,7 @@ impl<S> Cancel<S> {
 impl<S, R, E> Service<Delivery> for Cancel<S>
 where
     S: Service<Delivery, Response = R, Error = E>,
+    R: IntoVerdict,
     E: Into<BoxError>,
 {
     type Response = Decision;
@@ -80,10 +82,11 @@ where
 
     fn call(&mut self, mut req: Delivery) -> Self::Future {
         let token = self.view.clone();
+        let attempt = req.attempt();
         req.set_token(token.clone());
         // A handler may panic before it returns its future, too.
         match panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(fut) => ResponseFuture::new(fut, token, self.abandon_after),
+            Ok(fut) => ResponseFuture::new(fut, token, self.abandon_after, attempt),
             Err(payload) => ResponseFuture::panicked(&*payload, token, self.abandon_after),
         }
     }

@@ -80,7 +80,8 @@ where
                             let reason = match config.classifier.classify(&*error) {
                                 Class::Panic => Reason::Panic,
                                 Class::Permanent => Reason::Rejected,
-                                Class::Transient => Reason::MaxAttempts,
+                                Class::Timeout => Reason::Timeout,
+                                _ => Reason::MaxAttempts,
                             };
                             DeadLetterDecision {
                                 reason,
@@ -205,7 +206,7 @@ fn headers(delivery: &Delivery, decision: &DeadLetterDecision) -> Headers {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let mut headers = delivery.headers().clone();
+    let mut headers = crate::publish::copy_headers(delivery);
     headers.insert(REASON_HEADER, decision.reason.as_str());
     headers.insert(ERROR_HEADER, decision.error.as_str());
     headers.insert(ATTEMPTS_HEADER, Value::I64(decision.attempts.into()));

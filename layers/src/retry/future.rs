@@ -161,6 +161,7 @@ where
         let reason = match config.classifier.classify(&*error) {
             Class::Panic if !policy.retry_panics => Some(Reason::Panic),
             Class::Permanent => Some(Reason::Rejected),
+            Class::Timeout if attempt >= policy.max_attempts => Some(Reason::Timeout),
             _ if attempt >= policy.max_attempts => Some(Reason::MaxAttempts),
             _ => None,
         };
@@ -322,7 +323,7 @@ async fn publish_to_rung<P: Publish, C>(
     rung: &str,
     next: u32,
 ) -> Result<(), PublishError> {
-    let mut headers = delivery.headers().clone();
+    let mut headers = crate::publish::copy_headers(delivery);
     headers.insert(ATTEMPT_HEADER, Value::I64(next.into()));
     config
         .publisher

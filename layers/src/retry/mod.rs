@@ -74,13 +74,8 @@
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let policy = RetryPolicy {
-//!     max_attempts: 5,
-//!     initial_delay: Duration::from_millis(10),
-//!     max_delay: Duration::from_secs(60),
-//!     broker_wait_threshold: Duration::from_secs(1),
-//!     ..RetryPolicy::none()
-//! };
+//! let mut policy = RetryPolicy::exponential(5, Duration::from_millis(10), Duration::from_secs(60));
+//! policy.broker_wait_threshold = Duration::from_secs(1);
 //! let draining = CancellationToken::new();
 //! let calls = Arc::new(AtomicU32::new(0));
 //! let svc = ServiceBuilder::new()

@@ -6,7 +6,11 @@ use std::time::Duration;
 /// after `min(initial_delay · 2^(n-1), max_delay)`. A delay at or above
 /// `broker_wait_threshold` is spent on a rung queue in the broker; a shorter
 /// one in this process.
+///
+/// The struct is `#[non_exhaustive]`: start from [`RetryPolicy::exponential`]
+/// (or [`RetryPolicy::none`]) and set the other fields.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (≥ 1). 1 means no retry.
     pub max_attempts: u32,
@@ -38,6 +42,32 @@ impl RetryPolicy {
             max_attempts: 1,
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(1),
+            broker_wait_threshold: Duration::from_secs(30),
+            jitter: false,
+            retry_panics: false,
+        }
+    }
+
+    /// `max_attempts` in all, `initial_delay` doubling up to `max_delay`;
+    /// waits of 30 s and more on a rung, no jitter, panics not retried.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use acemq_layers::RetryPolicy;
+    ///
+    /// let mut policy = RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60));
+    /// policy.broker_wait_threshold = Duration::from_secs(10);
+    /// assert_eq!(policy.delay_after(4), Duration::from_secs(8));
+    /// ```
+    pub const fn exponential(
+        max_attempts: u32,
+        initial_delay: Duration,
+        max_delay: Duration,
+    ) -> Self {
+        RetryPolicy {
+            max_attempts,
+            initial_delay,
+            max_delay,
             broker_wait_threshold: Duration::from_secs(30),
             jitter: false,
             retry_panics: false,

@@ -1,0 +1,54 @@
+//! A bound on broker redeliveries: the crash-loop breaker.
+//!
+//! A message whose handling kills the process (an abort, an out-of-memory
+//! kill, a stack overflow — not a panic, which is caught) is never settled:
+//! the broker redelivers it after every restart, at the same attempt
+//! number, and the process dies again. On quorum queues the broker counts
+//! these returns in the `x-delivery-count` header
+//! ([`DELIVERY_COUNT_HEADER`](crate::headers::DELIVERY_COUNT_HEADER)).
+//!
+//! [`RedeliveryLimitLayer`] reads it: a delivery whose count exceeds the
+//! bound becomes [`Decision::DeadLetter`](crate::Decision::DeadLetter) with
+//! reason [`Reason::Redelivered`](crate::Reason::Redelivered) *without
+//! calling the service below*; the dead-letter layer above publishes it. A
+//! delivery without the header (classic queues, first deliveries) passes
+//! through untouched.
+//!
+//! The count also grows with every drain hand-back, pause hand-back and
+//! reconnect requeue, so it is its own bound ([`DEFAULT_MAX_REDELIVERIES`],
+//! 50), not `max_attempts`: deploys must not use up a message's attempts.
+//! Rung and dead-letter copies never carry `x-delivery-count` (the copy is
+//! a new message to the broker), so a retried message starts counting again.
+//!
+//! # Order
+//!
+//! Directly inside [`DeadLetterLayer`](crate::DeadLetterLayer) (which
+//! publishes the decision) and outside [`RetryLayer`](crate::RetryLayer) (so
+//! no attempt, wait or rung publish happens for it): pause, in-flight,
+//! dead-letter, **redelivery limit**, retry, cancel, handler.
+//!
+//! # Example
+//!
+//! ```
+//! use acemq_layers::headers::DELIVERY_COUNT_HEADER;
+//! use acemq_layers::{Decision, Delivery, Headers, Reason, RedeliveryLimitLayer, Value};
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let svc = ServiceBuilder::new()
+//!     .layer(RedeliveryLimitLayer::new(3))
+//!     .service_fn(|_: Delivery| async { Ok::<_, std::io::Error>(Decision::Ack) });
+//! let mut headers = Headers::new();
+//! headers.insert(DELIVERY_COUNT_HEADER, Value::I64(4));
+//! let delivery = Delivery::builder().queue("orders").headers(headers).build();
+//! let Decision::DeadLetter(d) = svc.oneshot(delivery).await.unwrap() else { panic!() };
+//! assert_eq!(d.reason, Reason::Redelivered);
+//! # }
+//! ```
+
+pub mod future;
+mod layer;
+mod service;
+
+pub use layer::{RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
+pub use service::RedeliveryLimit;
