@@ -36,7 +36,7 @@ use crate::publisher::Publisher;
 
 /// How long closing a channel or the connection may take before the drain
 /// moves on (a broker that went away must not hold the process).
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
 
 #[derive(Clone)]
 pub(crate) struct QueueHandle {
@@ -491,7 +491,7 @@ impl Drain {
         }))
         .await;
         let mut unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
-        self.publisher.close();
+        self.publisher.shut().await;
         for role in [Role::Publisher, Role::Consumer] {
             if let Some(connection) = self.link.current(role) {
                 if connection.status().connected()

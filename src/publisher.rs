@@ -313,6 +313,26 @@ impl Publisher {
             .unwrap_or_else(|p| p.into_inner())
             .take();
     }
+
+    /// Closes the publisher's channel (the drain, before it closes the
+    /// publishing connection).
+    pub(crate) async fn shut(&self) {
+        let ch = self
+            .inner
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(ch) = ch {
+            if ch.status().connected() {
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(1),
+                    ch.close(200, "OK".into()),
+                )
+                .await;
+            }
+        }
+    }
 }
 
 impl Publish for Publisher {
