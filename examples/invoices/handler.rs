@@ -56,6 +56,7 @@ pub(crate) struct Invoices {
 
 impl Invoices {
     /// Publishing receipts through `publisher`.
+    #[allow(dead_code)] // the example's; the tests use `without_receipts`
     pub(crate) fn new(publisher: Publisher) -> Self {
         Invoices {
             publisher: Some(publisher),
@@ -64,7 +65,7 @@ impl Invoices {
 
     /// Without receipts (the in-memory tests: the stack's own publishes are
     /// recorded by the harness; a follow-up publish needs a broker).
-    #[allow(dead_code)]
+    #[allow(dead_code)] // the tests'
     pub(crate) fn without_receipts() -> Self {
         Invoices { publisher: None }
     }

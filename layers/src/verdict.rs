@@ -114,9 +114,21 @@ impl IntoVerdict for Verdict {
     }
 }
 
+/// The inbox layer's answer: a duplicate is acknowledged (the work was done
+/// once already); a handled delivery is what its handler said.
+impl<R: IntoVerdict> IntoVerdict for crate::inbox::InboxOutcome<R> {
+    fn into_verdict(self) -> Verdict {
+        match self {
+            crate::inbox::InboxOutcome::Handled(r) => r.into_verdict(),
+            crate::inbox::InboxOutcome::Duplicate => Verdict::Ack,
+        }
+    }
+}
+
 mod sealed {
     #[allow(unreachable_pub)] // public in a private module: the seal
     pub trait Sealed {}
     impl Sealed for () {}
     impl Sealed for super::Verdict {}
+    impl<R: Sealed> Sealed for crate::inbox::InboxOutcome<R> {}
 }

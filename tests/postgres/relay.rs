@@ -315,10 +315,7 @@ async fn app_runs_the_relay_on_its_publishing_connection_and_stops_it_first_in_t
     broker.own(&q);
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let config = Config {
-        queues: vec![QueueConfig::new(q.clone())],
-        ..Config::default()
-    };
+    let config = Config::new(vec![QueueConfig::new(q.clone())]);
     let running = App::new(config)
         .amqp_addr(addr())
         .outbox(db.pool.clone(), fast())
