@@ -334,15 +334,18 @@ async fn app_runs_the_relay_on_its_publishing_connection_and_stops_it_first_in_t
         .expect("starts");
     // Committed rows are published by the App's relay and consumed.
     db.enqueue(&q, 20).await;
-    wait_until("20 rows published and handled", BOUND, || async {
-        handled.load(Ordering::SeqCst) == 20
-    })
+    wait_until(
+        "20 rows published, marked sent and handled",
+        BOUND,
+        || async {
+            handled.load(Ordering::SeqCst) == 20
+                && db
+                    .count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+                    .await
+                    == 20
+        },
+    )
     .await;
-    assert_eq!(
-        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
-            .await,
-        20
-    );
     // The drain stops the relay first: rows committed after it began wait.
     let report = running.drain().await.expect("a clean drain");
     db.enqueue(&q, 5).await;
