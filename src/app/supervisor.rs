@@ -37,6 +37,9 @@ use crate::health::{Health, Role};
 use crate::publisher::Publisher;
 use crate::topology::Topology;
 
+/// How often a connection's status is looked at again when no event came.
+const STATUS_RECHECK: Duration = Duration::from_secs(1);
+
 /// The first reconnect or recovery delay; it doubles up to [`BACKOFF_MAX`].
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(200);
 /// The cap on the reconnect and recovery delay.
@@ -307,6 +310,9 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installe
                 match result {
                     Ok(o) => o,
                     Err(e) => {
+                        // The connection may be the one that failed: let its
+                        // supervisor look.
+                        shared.consume.suspect.notify_one();
                         let delay = backoff.next_delay();
                         warn!(queue = %q.name, "could not consume the queue again: {e}; next attempt in {delay:.1?} (readiness is off)");
                         if !sleep_or_stop(&shared, delay).await {
@@ -521,6 +527,10 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
             tokio::select! {
                 () = shared.intake.cancelled() => return,
                 () = conn.suspect.notified() => {}
+                // A fallback: a broker that closes the connection cleanly
+                // (`stop_app`: connection.close 320) is not always reported
+                // as an event; the status is looked at again every second.
+                () = tokio::time::sleep(STATUS_RECHECK) => {}
                 ev = events.next() => match ev {
                     Some(Event::ConnectionBlocked(reason)) => {
                         metrics::counter!("acemq.connection.blocked", "connection" => role.as_str()).increment(1);

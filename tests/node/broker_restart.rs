@@ -137,8 +137,10 @@ async fn a_broker_restart_under_load_turns_readiness_off_then_on_and_every_confi
         "readiness comes back after start_app: {:?}",
         health.snapshot()
     );
+    // The log samples every 5 ms: give it a bounded moment to see the "on"
+    // that `health.is_ready()` just reported.
     assert!(
-        readiness.off_then_on_after(t_stop),
+        eventually(SECS(2), || async { readiness.off_then_on_after(t_stop) }).await,
         "readiness off then on: {:?}",
         readiness.changes()
     );

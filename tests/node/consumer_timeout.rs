@@ -110,7 +110,10 @@ async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_
         health.is_ready()
     );
     assert!(
-        readiness.off_then_on_after(Duration::ZERO),
+        eventually(SECS(10), || async {
+            readiness.off_then_on_after(Duration::ZERO)
+        })
+        .await,
         "readiness was off while the queue's channel was down, then on again: {changes:?}"
     );
     assert!(
