@@ -455,16 +455,6 @@ where
                     }
                     progressed = true;
                 }
-                if !st.lost && !st.channel.status().connected() && !st.stopping {
-                    st.lose(
-                        lapin::ErrorKind::InvalidChannelState(
-                            lapin::ChannelState::Closed,
-                            "the channel is no longer open",
-                        )
-                        .into(),
-                    );
-                    progressed = true;
-                }
                 // Finished handlers: record, then settle (through the ledger).
                 while let Poll::Ready(Some(done)) = handlers.poll_next_unpin(cx) {
                     st.finished(done, &intake);
