@@ -50,7 +50,7 @@ pub struct Properties {
 
 /// The immutable part of a delivery, shared (not copied) between the
 /// handler, retries and republished copies.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Message {
     exchange: String,
     routing_key: String,
@@ -79,14 +79,25 @@ impl std::fmt::Debug for Message {
 /// are shared. The attempt number and cancellation token are per delivery.
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    message: Arc<Message>,
+    // What every copy of this delivery shares: one reference count for the
+    // lot, so a clone (the retry and dead-letter layers keep one each) is
+    // one atomic increment, plus one for a token once the cancellation layer
+    // has set it.
+    shared: Arc<Shared>,
+    attempt: u32,
+    // `None`: one that never fires (no reference count to touch).
+    token: Option<Cancellation>,
+    extensions: Extensions,
+}
+
+/// The part of a delivery that is the same for every copy and attempt.
+#[derive(Debug, Clone)]
+struct Shared {
+    message: Message,
     queue: Arc<str>,
     delivery_tag: u64,
     redelivered: bool,
-    attempt: u32,
-    token: Cancellation,
     lifeline: Lifeline,
-    extensions: Extensions,
 }
 
 /// Builds a [`Delivery`]; used by the transport binding, tests and benches.
@@ -166,13 +177,15 @@ impl DeliveryBuilder {
             }
         };
         Delivery {
-            message: Arc::new(self.message),
-            queue,
-            delivery_tag: self.delivery_tag,
-            redelivered: self.redelivered,
+            shared: Arc::new(Shared {
+                message: self.message,
+                queue,
+                delivery_tag: self.delivery_tag,
+                redelivered: self.redelivered,
+                lifeline: self.lifeline.unwrap_or_default(),
+            }),
             attempt,
-            token: self.token.unwrap_or_default(),
-            lifeline: self.lifeline.unwrap_or_default(),
+            token: self.token,
             extensions: Extensions::new(),
         }
     }
@@ -201,31 +214,31 @@ impl Delivery {
 
     /// The message body.
     pub fn body(&self) -> &Bytes {
-        &self.message.body
+        &self.shared.message.body
     }
     /// The message headers, as received.
     pub fn headers(&self) -> &Headers {
-        &self.message.headers
+        &self.shared.message.headers
     }
     /// The message properties other than headers.
     pub fn properties(&self) -> &Properties {
-        &self.message.properties
+        &self.shared.message.properties
     }
     /// The queue the delivery came from.
     pub fn queue(&self) -> &str {
-        &self.queue
+        &self.shared.queue
     }
     /// The queue name as a shared string (cheap to clone).
     pub fn queue_arc(&self) -> &Arc<str> {
-        &self.queue
+        &self.shared.queue
     }
     /// The exchange the message was published to (empty: the default exchange).
     pub fn exchange(&self) -> &str {
-        &self.message.exchange
+        &self.shared.message.exchange
     }
     /// The routing key the message was published with.
     pub fn routing_key(&self) -> &str {
-        &self.message.routing_key
+        &self.shared.message.routing_key
     }
     /// The exchange the message was first published to, on every attempt:
     /// from attempt 2 on a copy comes back from a rung through the default
@@ -234,7 +247,7 @@ impl Delivery {
     /// otherwise (and if the header is not a string) [`exchange`](Self::exchange).
     pub fn original_exchange(&self) -> &str {
         self.header_str(crate::headers::ORIGINAL_EXCHANGE_HEADER)
-            .unwrap_or(&self.message.exchange)
+            .unwrap_or(&self.shared.message.exchange)
     }
     /// The routing key the message was first published with, on every
     /// attempt (see [`original_exchange`](Self::original_exchange)); from
@@ -242,18 +255,22 @@ impl Delivery {
     /// else [`routing_key`](Self::routing_key).
     pub fn original_routing_key(&self) -> &str {
         self.header_str(crate::headers::ORIGINAL_ROUTING_KEY_HEADER)
-            .unwrap_or(&self.message.routing_key)
+            .unwrap_or(&self.shared.message.routing_key)
     }
     fn header_str(&self, name: &str) -> Option<&str> {
-        self.message.headers.get(name).and_then(Value::as_str)
+        self.shared
+            .message
+            .headers
+            .get(name)
+            .and_then(Value::as_str)
     }
     /// The broker's delivery tag (unique per channel).
     pub fn delivery_tag(&self) -> u64 {
-        self.delivery_tag
+        self.shared.delivery_tag
     }
     /// Whether the broker flagged this as a redelivery.
     pub fn redelivered(&self) -> bool {
-        self.redelivered
+        self.shared.redelivered
     }
     /// The attempt number: 1 for the first, from [`ATTEMPT_HEADER`] otherwise.
     pub fn attempt(&self) -> u32 {
@@ -271,25 +288,31 @@ impl Delivery {
     /// It is a view: a handler can wait on it but not cancel it (see
     /// [`Cancellation::child_token`] for a token of your own).
     pub fn token(&self) -> &Cancellation {
-        &self.token
+        self.token
+            .as_ref()
+            .unwrap_or_else(|| Cancellation::never_ref())
     }
     /// Replaces the cancellation (the cancellation layer sets its own).
     pub fn set_token(&mut self, token: Cancellation) {
-        self.token = token;
+        self.token = Some(token);
     }
     /// Whether the channel this delivery came on is gone: the broker has
     /// taken it back and will redeliver it, so nothing decided about this
     /// copy may be carried out (no publish, no in-process retry).
     pub fn is_orphaned(&self) -> bool {
-        self.lifeline.is_lost()
+        self.shared.lifeline.is_lost()
     }
     /// The delivery's [`Lifeline`].
     pub fn lifeline(&self) -> &Lifeline {
-        &self.lifeline
+        &self.shared.lifeline
     }
     /// Replaces the lifeline (a transport sets its generation's).
+    ///
+    /// Every copy shares the lifeline: set it before the delivery is cloned
+    /// (as a transport does, right after building it), or this copy gets a
+    /// new shared part of its own (one allocation).
     pub fn set_lifeline(&mut self, lifeline: Lifeline) {
-        self.lifeline = lifeline;
+        Arc::make_mut(&mut self.shared).lifeline = lifeline;
     }
     /// User extensions.
     pub fn extensions(&self) -> &Extensions {

@@ -49,10 +49,13 @@ impl Cancellation {
 
     /// One that never fires (shared: cloning it allocates nothing).
     pub fn never() -> Self {
+        Cancellation::never_ref().clone()
+    }
+
+    /// The one that never fires, borrowed (no reference count touched).
+    pub(crate) fn never_ref() -> &'static Cancellation {
         static NEVER: OnceLock<Cancellation> = OnceLock::new();
-        NEVER
-            .get_or_init(|| Cancellation::new(CancellationToken::new()))
-            .clone()
+        NEVER.get_or_init(|| Cancellation::new(CancellationToken::new()))
     }
 
     /// Whether cancellation was requested.

@@ -43,8 +43,9 @@ pin_project! {
             #[pin]
             fut: F,
         },
+        // Boxed (a panic is rare): the running future stays small.
         Panicked {
-            error: Option<HandlerPanic>,
+            error: Option<Box<HandlerPanic>>,
         },
         Done,
     }
@@ -60,10 +61,9 @@ pin_project! {
             #[pin]
             cancelled: WaitForCancellationFutureOwned,
         },
-        // Cancelled: the grace period runs.
+        // Cancelled: the grace period runs (boxed: only after a cancel).
         Grace {
-            #[pin]
-            sleep: Sleep,
+            sleep: Pin<Box<Sleep>>,
         },
     }
 }
@@ -86,7 +86,7 @@ impl<F> ResponseFuture<F> {
     ) -> Self {
         ResponseFuture {
             handler: Handler::Panicked {
-                error: Some(HandlerPanic::from_payload(payload)),
+                error: Some(Box::new(HandlerPanic::from_payload(payload))),
             },
             watch: Watch::Idle,
             child,
@@ -110,11 +110,11 @@ where
         let polled = match this.handler.as_mut().project() {
             HandlerProj::Running { fut } => panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))),
             HandlerProj::Panicked { error } => {
-                let error = error
-                    .take()
-                    .unwrap_or_else(|| HandlerPanic::from_payload(&"panic already reported"));
+                let error = error.take().unwrap_or_else(|| {
+                    Box::new(HandlerPanic::from_payload(&"panic already reported"))
+                });
                 this.handler.set(Handler::Done);
-                return Poll::Ready(Err(Box::new(error)));
+                return Poll::Ready(Err(error));
             }
             HandlerProj::Done => panic!("cancel::ResponseFuture polled after completion"),
         };
@@ -146,11 +146,11 @@ where
                 }
                 WatchProj::Token { cancelled } => {
                     std::task::ready!(cancelled.poll(cx));
-                    let sleep = tokio::time::sleep(*this.abandon_after);
+                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
                     this.watch.set(Watch::Grace { sleep });
                 }
                 WatchProj::Grace { sleep } => {
-                    std::task::ready!(sleep.poll(cx));
+                    std::task::ready!(sleep.as_mut().poll(cx));
                     this.handler.set(Handler::Done);
                     return Poll::Ready(Ok(Decision::Abandoned));
                 }

@@ -31,21 +31,29 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    #[project_replace = StateReplace]
     enum State<S, F> {
         Calling {
             #[pin]
             fut: F,
         },
+        // Boxed: only a paused gate holds, and the open gate's future
+        // stays the size of the inner one (every layer outside moves it).
         Held {
-            svc: S,
-            req: Delivery,
-            #[pin]
-            notified: OwnedNotified,
-            guard: HeldGuard,
+            held: Pin<Box<Held<S>>>,
         },
         HandBack,
         Done,
+    }
+}
+
+pin_project! {
+    /// What a held delivery keeps while it waits in the gate.
+    struct Held<S> {
+        svc: Option<S>,
+        req: Option<Delivery>,
+        #[pin]
+        notified: OwnedNotified,
+        guard: HeldGuard,
     }
 }
 
@@ -65,10 +73,12 @@ impl<S, F> ResponseFuture<S, F> {
     pub(crate) fn held(svc: S, req: Delivery, notified: OwnedNotified, guard: HeldGuard) -> Self {
         ResponseFuture {
             state: State::Held {
-                svc,
-                req,
-                notified,
-                guard,
+                held: Box::pin(Held {
+                    svc: Some(svc),
+                    req: Some(req),
+                    notified,
+                    guard,
+                }),
             },
         }
     }
@@ -94,11 +104,9 @@ where
                     state.set(State::Done);
                     return Poll::Ready(Ok(Decision::HandBack));
                 }
-                StateProj::Held {
-                    mut notified,
-                    guard,
-                    ..
-                } => {
+                StateProj::Held { held } => {
+                    let held = held.as_mut().project();
+                    let (mut notified, guard) = (held.notified, held.guard);
                     // Register before reading the state, so a resume or
                     // close after the read wakes this task.
                     notified.as_mut().enable();
@@ -115,17 +123,18 @@ where
                             // read the state once more.
                             let again = guard.shared().notify.clone().notified_owned();
                             notified.set(again);
+                            continue;
                         }
                         Gate::Closed => {
                             state.set(State::Done);
                             return Poll::Ready(Ok(Decision::HandBack));
                         }
                         Gate::Open => {
-                            if let StateReplace::Held { mut svc, req, .. } =
-                                state.as_mut().project_replace(State::Done)
-                            {
-                                state.set(State::Calling { fut: svc.call(req) });
-                            }
+                            let (svc, req) = (held.svc.take(), held.req.take());
+                            let (Some(mut svc), Some(req)) = (svc, req) else {
+                                unreachable!("a held delivery is called once")
+                            };
+                            state.set(State::Calling { fut: svc.call(req) });
                         }
                     }
                 }
