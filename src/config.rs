@@ -253,8 +253,13 @@ pub struct QueueConfig {
 /// its own, at once); `ack_batch: 20` sets the run's length; `ack_batch:
 /// { count: 20, delay: "2ms" }` sets both bounds. By default the run is
 /// flushed at `min(50, prefetch / 2)` tags (at least 1), or 2 ms after the
-/// oldest acknowledgement it holds, or as soon as the loop is idle, and
-/// always before a cancel, a channel close or a drain step.
+/// oldest acknowledgement it holds, or as soon as the loop is idle while
+/// every tag the prefetch allows is unsettled (the broker then waits for a
+/// settle), and always before a cancel, a channel close or a drain step. An
+/// idle loop with room in the window does not flush at once: more is on its
+/// way, and flushing at every lull would send an acknowledgement per burst
+/// of frames, not per run (measured: the broker's CPU per message fell to
+/// the plain multi-ack consumer's, BENCHMARKS.md).
 ///
 /// The cost: an acknowledgement still held when the process is killed
 /// (SIGKILL, OOM) is lost, and that delivery is redelivered — a duplicate,

@@ -526,7 +526,11 @@ impl App {
 /// The ledger's bounds for a queue.
 fn ack_bounds(q: &QueueConfig) -> Bounds {
     let (count, delay) = q.ack_batch.bounds(q.prefetch);
-    Bounds { count, delay }
+    Bounds {
+        count,
+        delay,
+        window: usize::from(q.prefetch),
+    }
 }
 
 type Started = (

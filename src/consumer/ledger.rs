@@ -61,6 +61,10 @@ pub(crate) struct Bounds {
     pub(crate) count: usize,
     /// Flush whatever is held once the oldest held outcome is this old.
     pub(crate) delay: Duration,
+    /// The channel's prefetch (`0`: unlimited). When every tag it allows
+    /// is unsettled the broker sends nothing more, so an idle loop must
+    /// flush at once rather than wait out `delay`.
+    pub(crate) window: usize,
 }
 
 /// A generation's ledger (one channel: a reconnect starts a new one).
@@ -72,6 +76,9 @@ pub(crate) struct Ledger {
     entries: VecDeque<Entry>,
     /// Decided outcomes not sent yet.
     held: usize,
+    /// Tags received and not sent yet (the broker counts them against the
+    /// prefetch window).
+    open: usize,
 }
 
 impl Ledger {
@@ -81,6 +88,7 @@ impl Ledger {
             base: 1,
             entries: VecDeque::new(),
             held: 0,
+            open: 0,
         }
     }
 
@@ -96,6 +104,12 @@ impl Ledger {
     /// Outcomes decided and not sent yet.
     pub(crate) fn held(&self) -> usize {
         self.held
+    }
+
+    /// Whether the broker has sent all the prefetch window allows and waits
+    /// for a settle: the loop, if it has nothing else to do, flushes now.
+    pub(crate) fn window_full(&self) -> bool {
+        self.bounds.window > 0 && self.open >= self.bounds.window
     }
 
     /// A delivery arrived with `tag`. Tags on one channel count up from 1;
@@ -117,6 +131,7 @@ impl Ledger {
             self.entries.push_back(Entry::Settled);
         }
         self.entries.push_back(Entry::Pending);
+        self.open += 1;
     }
 
     /// Records the outcome of `tag`. With coalescing off, the op to send
@@ -186,6 +201,7 @@ impl Ledger {
                     });
                     self.entries[i] = Entry::Settled;
                     self.held -= 1;
+                    self.open -= 1;
                 }
                 Entry::Pending | Entry::Never => break,
             }
@@ -205,6 +221,7 @@ impl Ledger {
                 out.push(op);
                 self.entries[j] = Entry::Settled;
                 self.held -= 1;
+                self.open -= 1;
             }
         }
         self.compact();
@@ -227,6 +244,7 @@ impl Ledger {
             if *e == Entry::Ack {
                 *e = Entry::Settled;
                 self.held -= 1;
+                self.open -= 1;
             }
         }
     }
@@ -258,7 +276,44 @@ mod tests {
         Ledger::new(Bounds {
             count,
             delay: Duration::from_millis(2),
+            window: 0,
         })
+    }
+
+    #[test]
+    fn the_window_is_full_when_every_prefetched_tag_is_unsettled() {
+        let mut l = Ledger::new(Bounds {
+            count: 2,
+            delay: Duration::from_millis(2),
+            window: 3,
+        });
+        let mut out = Vec::new();
+        for t in 1..=3 {
+            l.receive(t);
+        }
+        assert!(l.window_full(), "3 received, none settled");
+        l.record(1, Outcome::Ack, &mut out);
+        l.flush(false, &mut out);
+        assert!(out.is_empty(), "1 held: below the count");
+        assert!(
+            l.window_full(),
+            "a held ack still counts against the window"
+        );
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::Ack(1)]);
+        assert!(!l.window_full(), "one sent: room for one more");
+        l.receive(4);
+        assert!(l.window_full());
+        l.record(3, Outcome::Never, &mut out);
+        l.record(2, Outcome::Reject, &mut out);
+        l.flush(false, &mut out);
+        assert_eq!(out, vec![Op::Ack(1), Op::Reject(2)]);
+        assert!(
+            !l.window_full(),
+            "the reject went out; the abandoned tag stays open"
+        );
+        l.receive(5);
+        assert!(l.window_full());
     }
 
     fn run(l: &mut Ledger, events: &[(u64, Outcome)]) -> Vec<Op> {

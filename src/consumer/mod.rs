@@ -24,7 +24,8 @@
 //! - **Settling.** Every outcome goes through the [`ledger`], the only path
 //!   that settles: acks coalesce into `multiple` runs, nacks and rejects go
 //!   singly at their turn; held outcomes are flushed on the count, the time
-//!   bound, when the loop is idle, when intake stops, when the broker
+//!   bound, when the loop is idle with the prefetch window used up (the
+//!   broker then sends nothing until a settle), when intake stops, when the broker
 //!   answered the cancel, and before the loop ends and closes its channel.
 //!   A handler's concurrency slot is released when it returns, before its
 //!   settle is sent.
@@ -260,6 +261,7 @@ where
         self.ledger = Ledger::new(Bounds {
             count: 0,
             delay: self.ledger.delay(),
+            window: 0,
         });
         self.ops.clear();
         debug!(queue = %self.queue, dropped, error = %error, "generation lost: buffered deliveries dropped (the broker requeued them), running handlers cancelled");
@@ -474,8 +476,13 @@ where
                 }
                 // Flush what the bounds allow.
                 if st.ledger.held() > 0 {
+                    // Idle with the prefetch window used up: the broker
+                    // waits for a settle, so waiting out the delay would
+                    // only stall it. Idle otherwise (more is on its way, or
+                    // the queue ran dry): the delay bounds the hold.
                     let idle = handlers.is_empty() && (st.buffer.is_empty() || st.lost);
-                    let mut force = st.force_flush || idle || !st.reading;
+                    let stalled = idle && (st.lost || st.ledger.window_full());
+                    let mut force = st.force_flush || stalled || !st.reading;
                     if !force {
                         if !timer_armed {
                             timer
