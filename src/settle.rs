@@ -94,7 +94,7 @@
 //!   another channel). From then on settling sends nothing and says so
 //!   ([`SettleStatus::ChannelClosed`], counted in
 //!   [`SettleReport::not_sent`]); every tracked delivery's
-//!   [`Lifeline`](crate::Lifeline) is lost, so the retry and dead-letter
+//!   [`Lifeline`] is lost, so the retry and dead-letter
 //!   layers publish nothing more for them. Consume again on a new channel
 //!   with a new `Settler`. lapin's channel auto-recovery (tags start again
 //!   at 1 on the same `Channel`) is not supported.
