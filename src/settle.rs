@@ -63,6 +63,12 @@
 //! | `HandBack`; an in-process retry no retry layer carried out; a dropped [`Ticket`] | `basic.nack` with requeue |
 //! | `Abandoned` | nothing: the channel's close returns it to the broker |
 //!
+//! An abandoned delivery (the cancel layer gave up on a handler that ignored
+//! its cancellation) stays unacknowledged, holding a prefetch slot, until
+//! the channel closes; no `multiple` ack ever covers it, so the
+//! acknowledgements above it go out singly after the time bound from then
+//! on. Abandon only on the way to closing the channel, as a drain does.
+//!
 //! Acknowledgements are held and sent as one `basic.ack` with `multiple`
 //! for the longest contiguous run of acknowledged tags from the lowest
 //! unsettled one; a nack or reject goes out alone, at its turn, after the
@@ -116,7 +122,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::Channel;
 use tokio::sync::{mpsc, watch};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::config::AckBatch;
 use crate::consumer::ledger::{Bounds, Ledger, Op, Outcome};
@@ -147,6 +153,29 @@ pub struct Settler {
 
 /// One tracked delivery's right to be settled, once. Not `Clone`:
 /// [`settle`](Ticket::settle) consumes it.
+///
+/// ```no_run
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// ticket.settle(acemq::Decision::Ack);
+/// # }
+/// ```
+///
+/// A second settle does not compile:
+///
+/// ```compile_fail
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// ticket.settle(acemq::Decision::Ack);
+/// ticket.settle(acemq::Decision::Ack); // use of a moved value
+/// # }
+/// ```
+///
+/// Nor does a copy:
+///
+/// ```compile_fail
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// let copy = ticket.clone(); // no `Clone`
+/// # }
+/// ```
 ///
 /// **A ticket dropped without `settle` hands its delivery back**: it is
 /// nacked with requeue (at its turn, like any settle) and the broker
@@ -213,6 +242,8 @@ struct Shared {
     channel: Channel,
     lifeline: Lifeline,
     lost: AtomicBool,
+    /// The last tag tracked (0: none yet), to tell when the rules are broken.
+    last_tag: AtomicU64,
     tracked: AtomicU64,
     outstanding: AtomicU64,
     acked: AtomicU64,
@@ -295,6 +326,7 @@ impl Settler {
             channel,
             lifeline: Lifeline::new(),
             lost: AtomicBool::new(false),
+            last_tag: AtomicU64::new(0),
             tracked: AtomicU64::new(0),
             outstanding: AtomicU64::new(0),
             acked: AtomicU64::new(0),
@@ -320,6 +352,10 @@ impl Settler {
     /// settle it.
     pub fn track(&self, delivery: lapin::message::Delivery) -> (Delivery, Ticket) {
         let tag = delivery.delivery_tag;
+        let previous = self.shared.last_tag.swap(tag, Ordering::Relaxed);
+        if previous != 0 && tag != previous + 1 {
+            warn!(queue = %self.shared.queue, delivery_tag = tag, previous, "delivery tags tracked out of sequence: every delivery of the channel must be tracked, in arrival order, by its one settler (no second consumer or basic_get on the channel, no auto-recovery); otherwise a multiple ack may settle a delivery nobody decided");
+        }
         let (mut converted, acker) = delivery_from_lapin(&self.shared.queue, delivery);
         // Never used: a `multiple` ack would not poison it.
         drop(acker);
@@ -509,6 +545,7 @@ impl Book {
             return 0;
         }
         self.lost = true;
+        self.pending = 0;
         let dropped =
             self.ledger.held() as u64 + self.ops.iter().map(|op| deliveries(*op)).sum::<u64>();
         self.ops.clear();
@@ -684,10 +721,19 @@ mod tests {
         assert_eq!(b.held(), 2);
         assert_eq!(b.lose(), 2);
         assert_eq!(b.lose(), 0, "counted once");
+        assert!(b.idle(), "nothing is pending on a lost channel");
         assert!(!b.record(1, Outcome::Ack));
         b.flush(true);
         assert!(b.ops.is_empty());
         assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn settlers_and_tickets_move_between_tasks() {
+        fn send_sync_static<T: Send + Sync + 'static>() {}
+        send_sync_static::<Settler>();
+        send_sync_static::<Ticket>();
+        send_sync_static::<SettleReport>();
     }
 
     #[test]

@@ -394,3 +394,53 @@ async fn settle_after_the_channel_is_gone_sends_nothing_says_so_and_loses_nothin
     let _ = channel.close(200, "OK".into()).await;
     let _ = conn.close(200, "OK".into()).await;
 }
+
+#[tokio::test]
+async fn settle_an_ack_held_above_an_undecided_tag_goes_out_alone_after_the_time_bound() {
+    let q = unique("settle.bound");
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&q, FieldTable::default())
+        .await
+        .expect("declare");
+    let _cleanup = QueueCleanup::new(vec![q.clone()]);
+    for body in [b"1", b"2"] {
+        broker.publish(&q, body, FieldTable::default()).await;
+    }
+    let conn = connect().await;
+    let (channel, mut consumer) = consume(&conn, &q, 10).await;
+    let settler = Settler::new(
+        channel.clone(),
+        q.as_str(),
+        AckBatch::new(100, Duration::from_millis(50)),
+        10,
+    );
+    let (_, first) = settler.track(next(&mut consumer).await);
+    let (_, second) = settler.track(next(&mut consumer).await);
+    assert_eq!(second.settle(Decision::Ack), SettleStatus::Queued);
+    // The first is still undecided (a long handler): the second's ack
+    // cannot be a multiple over it, and goes out alone once 50 ms passed.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queue_counts(&q).await == Some((0, 1))
+        })
+        .await,
+        "only the undecided delivery is left unacked: {:?}",
+        queue_counts(&q).await
+    );
+    let report = settler.report();
+    assert_eq!(
+        (report.acked, report.ack_frames, report.unsettled),
+        (1, 1, 1)
+    );
+    assert_eq!(first.settle(Decision::Ack), SettleStatus::Queued);
+    let report = settler.close().await;
+    assert_eq!(
+        (report.acked, report.ack_frames, report.not_sent),
+        (2, 2, 0)
+    );
+    assert_empty(&q).await;
+    assert_channel_open(&channel, &q).await;
+    let _ = channel.close(200, "OK".into()).await;
+    let _ = conn.close(200, "OK".into()).await;
+}
