@@ -650,6 +650,9 @@ async fn run(
             _ = check.tick(), if !book.idle() || book.held() > 0 => {
                 shared.check_lost();
             }
+            // Unreachable: once `rx` is drained everything held is flushed
+            // and sent, and the loop ends below.
+            else => break,
         }
         if shared.lost.load(Ordering::Acquire) {
             let dropped = book.lose();
