@@ -24,6 +24,7 @@ mod otel;
 pub mod outbox;
 pub mod publisher;
 pub mod replay;
+pub mod settle;
 mod span;
 pub mod stack;
 #[cfg(feature = "test-util")]
@@ -39,7 +40,11 @@ pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot, UnknownQueue};
+/// The lapin crate acemq is built on, for a consumer of your own (see
+/// [`settle`]) without a lapin dependency of yours.
+pub use lapin;
 pub use publisher::Publisher;
+pub use settle::Settler;
 pub use stack::{Outcome, QueueStack};
 
 /// Compiles the README's Rust code as a doctest, so the quickstart stays true.

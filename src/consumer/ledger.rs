@@ -24,13 +24,21 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use acemq_layers::{Decision, RetryDecision, RetryVia};
+
 /// What the ledger asks the loop to send, in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     /// `basic.ack` of one tag.
     Ack(u64),
-    /// `basic.ack` with `multiple`: every unacknowledged tag up to this one.
-    AckUpTo(u64),
+    /// `basic.ack` with `multiple`: every unacknowledged tag up to `tag`,
+    /// which settles `count` deliveries (the ledger's acked tags it covers).
+    AckUpTo {
+        /// The highest tag covered.
+        tag: u64,
+        /// How many deliveries it settles.
+        count: usize,
+    },
     /// `basic.nack` with `requeue`: hand back.
     Requeue(u64),
     /// `basic.reject` without requeue: to the queue's dead-letter exchange.
@@ -237,7 +245,10 @@ impl Ledger {
         out.push(if len == 1 {
             Op::Ack(end)
         } else {
-            Op::AckUpTo(end)
+            Op::AckUpTo {
+                tag: end,
+                count: len,
+            }
         });
         let upto = (end - self.base) as usize;
         for e in self.entries.iter_mut().take(upto + 1) {
@@ -266,6 +277,32 @@ pub(crate) enum Outcome {
     Reject,
     /// Not settled by this process (abandoned).
     Never,
+}
+
+impl Outcome {
+    /// How a [`Decision`] is carried out: the one mapping the consumer loop
+    /// and [`Settler`](crate::settle::Settler) share.
+    ///
+    /// - acknowledge: `Ack`, a retry whose copy is on a rung (published and
+    ///   confirmed), a dead-letter whose copy is in `Q.dlq`;
+    /// - reject without requeue (the queue's own dead-letter exchange, or
+    ///   gone): a dead-letter whose copy was not published;
+    /// - never settled (the channel's close returns it): `Abandoned`;
+    /// - hand back (nack with requeue): `HandBack`, an in-process retry no
+    ///   retry layer carried out, and anything newer.
+    pub(crate) fn of(decision: &Decision) -> Outcome {
+        match decision {
+            Decision::Ack
+            | Decision::Retry(RetryDecision {
+                via: RetryVia::Rung(_),
+                ..
+            }) => Outcome::Ack,
+            Decision::DeadLetter(d) if d.published => Outcome::Ack,
+            Decision::DeadLetter(_) => Outcome::Reject,
+            Decision::Abandoned => Outcome::Never,
+            _ => Outcome::Requeue,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -333,7 +370,13 @@ mod tests {
             &mut l,
             &(1..=8).map(|t| (t, Outcome::Ack)).collect::<Vec<_>>(),
         );
-        assert_eq!(out, vec![Op::AckUpTo(4), Op::AckUpTo(8)]);
+        assert_eq!(
+            out,
+            vec![
+                Op::AckUpTo { tag: 4, count: 4 },
+                Op::AckUpTo { tag: 8, count: 4 }
+            ]
+        );
         assert_eq!(l.held(), 0);
     }
 
@@ -354,7 +397,12 @@ mod tests {
         l.flush(true, &mut out);
         assert_eq!(
             out,
-            vec![Op::AckUpTo(2), Op::Requeue(3), Op::Ack(4), Op::Reject(5)]
+            vec![
+                Op::AckUpTo { tag: 2, count: 2 },
+                Op::Requeue(3),
+                Op::Ack(4),
+                Op::Reject(5)
+            ]
         );
     }
 
@@ -403,6 +451,36 @@ mod tests {
     }
 
     #[test]
+    fn each_decision_maps_to_its_settle() {
+        use acemq_layers::{DeadLetterDecision, Reason};
+        let dead = |published| {
+            Decision::DeadLetter(DeadLetterDecision {
+                reason: Reason::Rejected,
+                error: "no".into(),
+                attempts: 1,
+                published,
+            })
+        };
+        let retry = |via| {
+            Decision::Retry(RetryDecision {
+                attempt: 2,
+                delay: Duration::from_secs(1),
+                via,
+            })
+        };
+        assert_eq!(Outcome::of(&Decision::Ack), Outcome::Ack);
+        assert_eq!(
+            Outcome::of(&retry(RetryVia::Rung("q.retry.1s".into()))),
+            Outcome::Ack
+        );
+        assert_eq!(Outcome::of(&retry(RetryVia::Process)), Outcome::Requeue);
+        assert_eq!(Outcome::of(&dead(true)), Outcome::Ack);
+        assert_eq!(Outcome::of(&dead(false)), Outcome::Reject);
+        assert_eq!(Outcome::of(&Decision::HandBack), Outcome::Requeue);
+        assert_eq!(Outcome::of(&Decision::Abandoned), Outcome::Never);
+    }
+
+    #[test]
     fn coalescing_off_sends_each_outcome_at_once() {
         let mut l = ledger(0);
         l.receive(1);
@@ -433,8 +511,9 @@ mod tests {
             let mut check = |ops: &mut Vec<Op>, decided: &[Option<Outcome>]| {
                 for op in ops.drain(..) {
                     match op {
-                        Op::AckUpTo(t) => {
+                        Op::AckUpTo { tag: t, count } => {
                             assert!(t > 0, "seed {seed}: multiple with tag 0");
+                            let mut covered = 0;
                             for u in 1..=t as usize {
                                 if settled[u] == 0 {
                                     assert_eq!(
@@ -443,8 +522,10 @@ mod tests {
                                         "seed {seed}: multiple ack to {t} covers tag {u}"
                                     );
                                     settled[u] = 1;
+                                    covered += 1;
                                 }
                             }
+                            assert_eq!(covered, count, "seed {seed}: the count of the ack to {t}");
                         }
                         Op::Ack(t) | Op::Requeue(t) | Op::Reject(t) => {
                             assert!(t > 0);

@@ -277,22 +277,12 @@ where
             return;
         }
         record(&self.outcomes, self.stats, intake, &decision, started);
-        let outcome = match &decision {
-            Decision::Ack
-            | Decision::Retry(acemq_layers::RetryDecision {
-                via: acemq_layers::RetryVia::Rung(_),
-                ..
-            }) => Outcome::Ack,
-            Decision::DeadLetter(d) if d.published => Outcome::Ack,
-            Decision::DeadLetter(d) => {
-                if !self.dead_letter {
-                    warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
-                }
-                Outcome::Reject
+        if let Decision::DeadLetter(d) = &decision {
+            if !d.published && !self.dead_letter {
+                warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
             }
-            Decision::Abandoned => Outcome::Never,
-            _ => Outcome::Requeue,
-        };
+        }
+        let outcome = Outcome::of(&decision);
         self.ledger.record(tag, outcome, &mut self.ops);
     }
 
@@ -638,13 +628,23 @@ where
 /// and lapin queues a settle's frame at its first poll: frames go out in
 /// the ledger's order.
 async fn send(channel: &Channel, op: Op, queue: &str) {
-    let result = match op {
+    if let Err(e) = send_op(channel, op).await {
+        debug!(queue = %queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
+    }
+}
+
+/// Puts one ledger op on the wire (the loop's and the
+/// [`Settler`](crate::settle::Settler)'s one way to settle). lapin queues
+/// the frame at the future's first poll.
+pub(crate) async fn send_op(channel: &Channel, op: Op) -> lapin::Result<()> {
+    match op {
         Op::Ack(tag) => {
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: false })
                 .await
         }
-        Op::AckUpTo(tag) => {
+        Op::AckUpTo { tag, .. } => {
+            debug_assert!(tag > 0, "never multiple with tag 0");
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: true })
                 .await
@@ -665,8 +665,5 @@ async fn send(channel: &Channel, op: Op, queue: &str) {
                 .basic_reject(tag, BasicRejectOptions { requeue: false })
                 .await
         }
-    };
-    if let Err(e) = result {
-        debug!(queue = %queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
     }
 }

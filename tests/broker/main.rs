@@ -22,6 +22,7 @@ mod replay;
 mod retry;
 mod round_trip;
 mod routing;
+mod settle;
 mod shop_queues;
 mod soak;
 mod topology;

@@ -1,0 +1,762 @@
+//! Settling deliveries of your own lapin consumer exactly once, the way
+//! [`App`](crate::App)'s consumer loop does: carrying out a [`Decision`]
+//! through the same settle ledger, with acknowledgements coalesced into
+//! `multiple` runs.
+//!
+//! You keep your `basic_consume` and your stream; a [`Settler`] made from
+//! the consumer's channel turns each lapin delivery into an acemq
+//! [`Delivery`] and a [`Ticket`] ([`Settler::track`]), and the ticket
+//! carries out the decision the layers (or you) made
+//! ([`Ticket::settle`]). The ticket is consumed by it and is not `Clone`:
+//! a delivery is settled once by type.
+//!
+//! ```no_run
+//! use acemq::config::AckBatch;
+//! use acemq::lapin::options::{BasicConsumeOptions, BasicQosOptions};
+//! use acemq::lapin::types::FieldTable;
+//! use acemq::lapin::{Connection, ConnectionProperties};
+//! use acemq::{Decision, Settler};
+//! use futures::StreamExt;
+//!
+//! # async fn run() -> Result<(), acemq::BoxError> {
+//! let conn = Connection::connect("amqp://127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;
+//! let channel = conn.create_channel().await?;
+//! let prefetch = 32;
+//! channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+//! let mut consumer = channel
+//!     .basic_consume("orders".into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+//!     .await?;
+//! let settler = Settler::new(channel.clone(), "orders", AckBatch::default(), prefetch);
+//! while let Some(raw) = consumer.next().await {
+//!     // In arrival order, straight from the stream.
+//!     let (delivery, ticket) = settler.track(raw?);
+//!     tokio::spawn(async move {
+//!         let decision = if delivery.body().is_empty() {
+//!             Decision::HandBack // nack with requeue
+//!         } else {
+//!             Decision::Ack
+//!         };
+//!         ticket.settle(decision); // consumed: settled once
+//!     });
+//! #   break;
+//! }
+//! // ... after basic_cancel and once every handler has settled:
+//! let report = settler.close().await; // everything held goes out first
+//! assert_eq!(report.not_sent, 0);
+//! channel.close(200, "OK".into()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/own_consumer.rs` is the whole program: acemq's layers (retry,
+//! dead-letter, cancellation) around a handler, a plain lapin consumer,
+//! and a stop on SIGTERM or Ctrl-C that cancels the consumer, waits for the
+//! handlers, closes the settler and then the channel.
+//!
+//! # How a decision is carried out
+//!
+//! Exactly as the consumer loop does, by one shared mapping:
+//!
+//! | decision | on the wire |
+//! |---|---|
+//! | `Ack`; a retry on a rung; a dead-letter whose copy is in `Q.dlq` | `basic.ack` (coalesced) |
+//! | a dead-letter whose copy was not published | `basic.reject`, no requeue: the queue's own dead-letter exchange takes it, or it is dropped |
+//! | `HandBack`; an in-process retry no retry layer carried out; a dropped [`Ticket`] | `basic.nack` with requeue |
+//! | `Abandoned` | nothing: the channel's close returns it to the broker |
+//!
+//! An abandoned delivery (the cancel layer gave up on a handler that ignored
+//! its cancellation) stays unacknowledged, holding a prefetch slot, until
+//! the channel closes; no `multiple` ack ever covers it, so the
+//! acknowledgements above it go out singly after the time bound from then
+//! on. Abandon only on the way to closing the channel, as a drain does.
+//!
+//! Acknowledgements are held and sent as one `basic.ack` with `multiple`
+//! for the longest contiguous run of acknowledged tags from the lowest
+//! unsettled one; a nack or reject goes out alone, at its turn, after the
+//! run before it. What is held goes out when a run reaches the count
+//! bound, when the time bound passes (an acknowledgement held above a lower
+//! tag that is not decided yet then goes out on its own, so a slow handler
+//! never stalls the others), as soon as every tracked delivery is decided
+//! (idle), and at [`Settler::close`]. [`AckBatch::off`] sends every settle
+//! at once, on its own. A `multiple` ack is never sent with tag 0.
+//!
+//! # Rules
+//!
+//! - **The settler is the only path that settles the channel's
+//!   deliveries.** A `multiple` ack covers every unacknowledged tag up to
+//!   its own, and lapin's `Acker`s it covers are not poisoned: acking one of
+//!   them again is a second ack of the same tag, which the broker answers by
+//!   closing the channel (406) and requeueing everything unacknowledged on
+//!   it. So: never use the lapin delivery's `acker`, nor `basic_ack` /
+//!   `basic_nack` / `basic_reject` yourself, on a channel a settler settles;
+//!   [`track`](Settler::track) drops the acker.
+//! - **One settler per channel, and every delivery of that channel goes
+//!   through [`track`](Settler::track), in arrival order**: call it from
+//!   the consumer stream's loop, before handing the delivery to a task.
+//!   Delivery tags are per channel: a tag the settler never saw (a second
+//!   consumer or a `basic_get` on the same channel) could be covered by a
+//!   `multiple` ack. Consume with `no_ack: false`.
+//! - **A channel, once closed or lost, stays lost for its settler.** The
+//!   broker has requeued every unsettled delivery and redelivers it (on
+//!   another channel). From then on settling sends nothing and says so
+//!   ([`SettleStatus::ChannelClosed`], counted in
+//!   [`SettleReport::not_sent`]); every tracked delivery's
+//!   [`Lifeline`] is lost, so the retry and dead-letter
+//!   layers publish nothing more for them. Consume again on a new channel
+//!   with a new `Settler`. lapin's channel auto-recovery (tags start again
+//!   at 1 on the same `Channel`) is not supported.
+//!
+//! # What the report counts
+//!
+//! Settling returns at once: [`SettleStatus::Queued`] means the settler has
+//! the decision and puts it on the wire in order; the [`SettleReport`]
+//! ([`Settler::report`] at any time, [`Settler::close`] at the end) counts
+//! what actually went out, per delivery, and what could not be sent.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq_layers::{Decision, Delivery, Lifeline};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use lapin::Channel;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, warn};
+
+use crate::config::AckBatch;
+use crate::consumer::ledger::{Bounds, Ledger, Op, Outcome};
+use crate::consumer::send_op;
+use crate::convert::delivery_from_lapin;
+
+/// How often the settler looks at its channel's status while deliveries
+/// are outstanding, so a channel lost while nothing settles is known (and
+/// the deliveries' lifeline lost) within this bound.
+const LOSS_CHECK: Duration = Duration::from_millis(250);
+
+/// How many queued messages the settler's task takes in one round before it
+/// flushes and sends.
+const ROUND: usize = 256;
+
+/// Carries out [`Decision`]s on one lapin channel's deliveries through the
+/// settle ledger: each delivery settled exactly once, acknowledgements
+/// coalesced. See the [module docs](self) for the rules and an example.
+///
+/// The ledger lives in a task the settler spawns. It ends after
+/// [`close`](Settler::close), or once the settler and every [`Ticket`] are
+/// dropped (flushing what it holds first).
+pub struct Settler {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Msg>,
+    done: watch::Receiver<Option<SettleReport>>,
+}
+
+/// One tracked delivery's right to be settled, once. Not `Clone`:
+/// [`settle`](Ticket::settle) consumes it.
+///
+/// ```no_run
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// ticket.settle(acemq::Decision::Ack);
+/// # }
+/// ```
+///
+/// A second settle does not compile:
+///
+/// ```compile_fail
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// ticket.settle(acemq::Decision::Ack);
+/// ticket.settle(acemq::Decision::Ack); // use of a moved value
+/// # }
+/// ```
+///
+/// Nor does a copy:
+///
+/// ```compile_fail
+/// # fn handled(ticket: acemq::settle::Ticket) {
+/// let copy = ticket.clone(); // no `Clone`
+/// # }
+/// ```
+///
+/// **A ticket dropped without `settle` hands its delivery back**: it is
+/// nacked with requeue (at its turn, like any settle) and the broker
+/// redelivers it. That is what happens to the tickets of a handler task
+/// that panics or is aborted.
+pub struct Ticket {
+    tag: u64,
+    settler: Option<(Arc<Shared>, mpsc::UnboundedSender<Msg>)>,
+}
+
+/// What [`Ticket::settle`] did with the decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleStatus {
+    /// The settler has it and puts it on the wire in ledger order, at the
+    /// latest after the [`AckBatch`] time bound (or at once when nothing
+    /// else is outstanding). If the channel goes before it is sent, the
+    /// report counts it in [`SettleReport::not_sent`].
+    Queued,
+    /// Nothing was sent: the channel is closed or lost. The broker has
+    /// requeued the delivery and redelivers it; there is nothing to do.
+    /// Counted in [`SettleReport::not_sent`] (an `Abandoned` decision, which
+    /// sends nothing anyway, in [`SettleReport::abandoned`]).
+    ChannelClosed,
+    /// Nothing was sent: the settler was closed ([`Settler::close`]) before
+    /// this ticket was settled. The delivery stays unacknowledged until its
+    /// channel closes; then the broker redelivers it. Counted in
+    /// [`SettleReport::not_sent`].
+    SettlerClosed,
+}
+
+/// What a [`Settler`] has done so far, per delivery.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SettleReport {
+    /// Deliveries [`track`](Settler::track)ed.
+    pub tracked: u64,
+    /// Deliveries acknowledged on the wire (a `multiple` ack counts every
+    /// delivery it settled).
+    pub acked: u64,
+    /// `basic.ack` frames sent for them: `acked / ack_frames` is the
+    /// coalescing achieved.
+    pub ack_frames: u64,
+    /// Deliveries handed back on the wire (`basic.nack` with requeue),
+    /// dropped tickets included.
+    pub requeued: u64,
+    /// Deliveries rejected without requeue on the wire (`basic.reject`).
+    pub rejected: u64,
+    /// Deliveries decided `Abandoned`: never settled here; the channel's
+    /// close returns them to the broker.
+    pub abandoned: u64,
+    /// Settles that were not sent: the channel was closed or lost (before
+    /// or while they were sent), or the settler was already closed. The
+    /// broker redelivers those deliveries; nothing is lost.
+    pub not_sent: u64,
+    /// Tracked deliveries whose ticket was neither settled nor dropped yet,
+    /// at the time of the report.
+    pub unsettled: u64,
+}
+
+/// The parts a settler, its tickets and its task share.
+struct Shared {
+    queue: Arc<str>,
+    channel: Channel,
+    lifeline: Lifeline,
+    lost: AtomicBool,
+    /// The last tag tracked (0: none yet), to tell when the rules are broken.
+    last_tag: AtomicU64,
+    tracked: AtomicU64,
+    outstanding: AtomicU64,
+    acked: AtomicU64,
+    ack_frames: AtomicU64,
+    requeued: AtomicU64,
+    rejected: AtomicU64,
+    abandoned: AtomicU64,
+    not_sent: AtomicU64,
+}
+
+impl Shared {
+    /// Whether the channel is known gone; looks at its status when not yet.
+    fn check_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.channel.status().connected() {
+            return false;
+        }
+        self.lose();
+        true
+    }
+
+    fn lose(&self) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.lifeline.lose();
+            debug!(queue = %self.queue, "settler: the channel is gone; the broker requeued every unsettled delivery, and nothing more is sent");
+        }
+    }
+
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn report(&self) -> SettleReport {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SettleReport {
+            tracked: get(&self.tracked),
+            acked: get(&self.acked),
+            ack_frames: get(&self.ack_frames),
+            requeued: get(&self.requeued),
+            rejected: get(&self.rejected),
+            abandoned: get(&self.abandoned),
+            not_sent: get(&self.not_sent),
+            unsettled: get(&self.outstanding),
+        }
+    }
+}
+
+/// What the settler and its tickets tell the task, in order.
+#[derive(Debug)]
+enum Msg {
+    Receive(u64),
+    Record(u64, Outcome),
+    Close,
+}
+
+impl Settler {
+    /// A settler for the deliveries of `channel`, consumed from `queue`
+    /// (the name each [`Delivery`] carries), coalescing acknowledgements
+    /// within `ack_batch`'s bounds.
+    ///
+    /// `prefetch` is the channel's prefetch (what you gave `basic_qos`); it
+    /// is only used for `ack_batch`'s default run length, `min(50,
+    /// prefetch / 2)` (at least 1), as for [`App`](crate::App)'s queues. An
+    /// explicit count in `ack_batch` ignores it.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it spawns the ledger's task).
+    pub fn new(
+        channel: Channel,
+        queue: impl Into<Arc<str>>,
+        ack_batch: AckBatch,
+        prefetch: u16,
+    ) -> Settler {
+        let (count, delay) = ack_batch.bounds(prefetch);
+        let shared = Arc::new(Shared {
+            queue: queue.into(),
+            channel,
+            lifeline: Lifeline::new(),
+            lost: AtomicBool::new(false),
+            last_tag: AtomicU64::new(0),
+            tracked: AtomicU64::new(0),
+            outstanding: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            ack_frames: AtomicU64::new(0),
+            requeued: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            not_sent: AtomicU64::new(0),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (done_tx, done) = watch::channel(None);
+        tokio::spawn(run(shared.clone(), Bounds { count, delay }, rx, done_tx));
+        Settler { shared, tx, done }
+    }
+
+    /// Takes a delivery from the channel's consumer stream: returns it as
+    /// an acemq [`Delivery`] (its lifeline is this channel's) and the
+    /// [`Ticket`] that settles it.
+    ///
+    /// Call it for **every** delivery of the channel, **in arrival order**
+    /// (in the stream's loop, before spawning the handler). The lapin
+    /// delivery's `acker` is dropped unused: the ticket is the only way to
+    /// settle it.
+    pub fn track(&self, delivery: lapin::message::Delivery) -> (Delivery, Ticket) {
+        let tag = delivery.delivery_tag;
+        let previous = self.shared.last_tag.swap(tag, Ordering::Relaxed);
+        if previous != 0 && tag != previous + 1 {
+            warn!(queue = %self.shared.queue, delivery_tag = tag, previous, "delivery tags tracked out of sequence: every delivery of the channel must be tracked, in arrival order, by its one settler (no second consumer or basic_get on the channel, no auto-recovery); otherwise a multiple ack may settle a delivery nobody decided");
+        }
+        let (mut converted, acker) = delivery_from_lapin(&self.shared.queue, delivery);
+        // Never used: a `multiple` ack would not poison it.
+        drop(acker);
+        converted.set_lifeline(self.shared.lifeline.clone());
+        Shared::add(&self.shared.tracked, 1);
+        Shared::add(&self.shared.outstanding, 1);
+        // A closed settler's ticket says so when settled.
+        let _ = self.tx.send(Msg::Receive(tag));
+        let ticket = Ticket {
+            tag,
+            settler: Some((self.shared.clone(), self.tx.clone())),
+        };
+        (converted, ticket)
+    }
+
+    /// What the settler has done so far.
+    pub fn report(&self) -> SettleReport {
+        self.shared.report()
+    }
+
+    /// Whether the channel is known closed or lost (then settling sends
+    /// nothing; see the [module docs](self)).
+    pub fn is_lost(&self) -> bool {
+        self.shared.check_lost()
+    }
+
+    /// Sends everything held, waits until every settle is on the wire (or
+    /// failed on a closing channel), and returns the final report. Settles
+    /// queued before the call are carried out; a ticket settled after it
+    /// returns [`SettleStatus::SettlerClosed`] and sends nothing.
+    ///
+    /// Call it once your consumer is cancelled and every handler has
+    /// settled its ticket (the report's [`unsettled`](SettleReport::unsettled)
+    /// counts the tickets still out), and **before** closing the channel: a
+    /// settle still in flight when the channel closes is lost, and the
+    /// broker redelivers that delivery. Calling it again returns the same
+    /// report.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancellation safe: once polled, the settler closes whether or not
+    /// the future is kept; dropping it only drops the wait, and a later
+    /// call (or [`report`](Self::report)) gives the result.
+    pub async fn close(&self) -> SettleReport {
+        let _ = self.tx.send(Msg::Close);
+        let mut done = self.done.clone();
+        let report = match done.wait_for(Option::is_some).await {
+            Ok(r) => *r,
+            // The task is gone without a report (its runtime shut down).
+            Err(_) => None,
+        };
+        report.unwrap_or_else(|| self.shared.report())
+    }
+}
+
+impl fmt::Debug for Settler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settler")
+            .field("queue", &self.shared.queue)
+            .field("channel", &self.shared.channel.id())
+            .field("lost", &self.shared.lost.load(Ordering::Relaxed))
+            .field("report", &self.shared.report())
+            .finish()
+    }
+}
+
+impl Ticket {
+    /// The delivery's tag on its channel.
+    pub fn delivery_tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// Carries out `decision` (see the table in the [module docs](self)),
+    /// once: the ticket is consumed. Returns at once; the settle goes out
+    /// in ledger order.
+    pub fn settle(mut self, decision: Decision) -> SettleStatus {
+        self.finish(Outcome::of(&decision))
+    }
+
+    fn finish(&mut self, outcome: Outcome) -> SettleStatus {
+        let Some((shared, tx)) = self.settler.take() else {
+            return SettleStatus::SettlerClosed;
+        };
+        shared.outstanding.fetch_sub(1, Ordering::Relaxed);
+        if outcome == Outcome::Never {
+            Shared::add(&shared.abandoned, 1);
+        }
+        if shared.check_lost() {
+            if outcome != Outcome::Never {
+                Shared::add(&shared.not_sent, 1);
+            }
+            return SettleStatus::ChannelClosed;
+        }
+        // `Never` too: the ledger keeps it out of every `multiple` run.
+        if tx.send(Msg::Record(self.tag, outcome)).is_err() {
+            if outcome != Outcome::Never {
+                Shared::add(&shared.not_sent, 1);
+            }
+            return SettleStatus::SettlerClosed;
+        }
+        SettleStatus::Queued
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.settler.is_some() {
+            debug!(
+                delivery_tag = self.tag,
+                "a ticket was dropped unsettled: handing its delivery back"
+            );
+            self.finish(Outcome::Requeue);
+        }
+    }
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("delivery_tag", &self.tag)
+            .field("settled", &self.settler.is_none())
+            .finish()
+    }
+}
+
+/// The ledger's side of the task: what was received and decided, and what
+/// to send; no I/O (unit-tested).
+#[derive(Debug)]
+struct Book {
+    ledger: Ledger,
+    bounds: Bounds,
+    /// Tags received and not decided yet.
+    pending: u64,
+    /// The channel is gone: nothing more is recorded or sent.
+    lost: bool,
+    ops: Vec<Op>,
+}
+
+impl Book {
+    fn new(bounds: Bounds) -> Self {
+        Book {
+            ledger: Ledger::new(bounds),
+            bounds,
+            pending: 0,
+            lost: false,
+            ops: Vec::new(),
+        }
+    }
+
+    fn receive(&mut self, tag: u64) {
+        if self.lost {
+            return;
+        }
+        self.pending += 1;
+        self.ledger.receive(tag);
+    }
+
+    /// Records an outcome; `false` when the channel is gone (not sent).
+    fn record(&mut self, tag: u64, outcome: Outcome) -> bool {
+        if self.lost {
+            return false;
+        }
+        self.pending = self.pending.saturating_sub(1);
+        self.ledger.record(tag, outcome, &mut self.ops);
+        true
+    }
+
+    /// Every tracked delivery is decided.
+    fn idle(&self) -> bool {
+        self.pending == 0
+    }
+
+    fn held(&self) -> usize {
+        self.ledger.held()
+    }
+
+    fn flush(&mut self, force: bool) {
+        if !self.lost {
+            self.ledger.flush(force, &mut self.ops);
+        }
+    }
+
+    /// The channel is gone: returns how many deliveries' settles were held
+    /// or about to be sent (now never sent).
+    fn lose(&mut self) -> u64 {
+        if self.lost {
+            return 0;
+        }
+        self.lost = true;
+        self.pending = 0;
+        let dropped =
+            self.ledger.held() as u64 + self.ops.iter().map(|op| deliveries(*op)).sum::<u64>();
+        self.ops.clear();
+        self.ledger = Ledger::new(self.bounds);
+        dropped
+    }
+}
+
+/// How many deliveries `op` settles.
+fn deliveries(op: Op) -> u64 {
+    match op {
+        Op::AckUpTo { count, .. } => count as u64,
+        Op::Ack(_) | Op::Requeue(_) | Op::Reject(_) => 1,
+    }
+}
+
+/// Counts a sent op in the report.
+fn count_sent(shared: &Shared, op: Op) {
+    match op {
+        Op::Ack(_) => {
+            Shared::add(&shared.acked, 1);
+            Shared::add(&shared.ack_frames, 1);
+        }
+        Op::AckUpTo { count, .. } => {
+            Shared::add(&shared.acked, count as u64);
+            Shared::add(&shared.ack_frames, 1);
+        }
+        Op::Requeue(_) => Shared::add(&shared.requeued, 1),
+        Op::Reject(_) => Shared::add(&shared.rejected, 1),
+    }
+}
+
+/// The settler's task: takes what the settler and its tickets send, in
+/// order, records it in the ledger, flushes on the bounds and sends, until
+/// closed (or every sender is gone) and everything is sent.
+async fn run(
+    shared: Arc<Shared>,
+    bounds: Bounds,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    done: watch::Sender<Option<SettleReport>>,
+) {
+    let channel = &shared.channel;
+    let mut book = Book::new(bounds);
+    let mut settles = FuturesUnordered::new();
+    let timer = tokio::time::sleep(bounds.delay);
+    let mut timer_armed = false;
+    let mut check = tokio::time::interval(LOSS_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The receiving side is closed (by `close`) or every sender is gone.
+    let mut closing = false;
+    // `rx` has returned `None`: everything queued has been taken.
+    let mut drained = false;
+    tokio::pin!(timer);
+
+    let handle = |msg: Msg,
+                  book: &mut Book,
+                  closing: &mut bool,
+                  rx: &mut mpsc::UnboundedReceiver<Msg>| match msg {
+        Msg::Receive(tag) => book.receive(tag),
+        Msg::Record(tag, outcome) => {
+            if !book.record(tag, outcome) && outcome != Outcome::Never {
+                Shared::add(&shared.not_sent, 1);
+            }
+        }
+        Msg::Close => {
+            // What is queued still comes out of `rx`; nothing new gets in.
+            *closing = true;
+            rx.close();
+        }
+    };
+
+    loop {
+        let mut force = false;
+        tokio::select! {
+            biased;
+            Some((op, result)) = settles.next(), if !settles.is_empty() => {
+                match result {
+                    Ok(()) => count_sent(&shared, op),
+                    Err(e) => {
+                        debug!(queue = %shared.queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
+                        Shared::add(&shared.not_sent, deliveries(op));
+                        shared.lose();
+                    }
+                }
+            }
+            msg = rx.recv(), if !drained => match msg {
+                Some(msg) => {
+                    handle(msg, &mut book, &mut closing, &mut rx);
+                    for _ in 1..ROUND {
+                        match rx.try_recv() {
+                            Ok(msg) => handle(msg, &mut book, &mut closing, &mut rx),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                None => {
+                    closing = true;
+                    drained = true;
+                }
+            },
+            () = &mut timer, if timer_armed => force = true,
+            _ = check.tick(), if !book.idle() || book.held() > 0 => {
+                shared.check_lost();
+            }
+            // Unreachable: once `rx` is drained everything held is flushed
+            // and sent, and the loop ends below.
+            else => break,
+        }
+        if shared.lost.load(Ordering::Acquire) {
+            let dropped = book.lose();
+            Shared::add(&shared.not_sent, dropped);
+            timer_armed = false;
+        }
+        if book.held() > 0 {
+            let force = force || book.idle() || closing;
+            if !force && !timer_armed {
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + bounds.delay);
+                timer_armed = true;
+            }
+            book.flush(force);
+            if force || book.held() == 0 {
+                timer_armed = false;
+            }
+        }
+        // Polled first-in first-out by the next round's `settles.next()`:
+        // lapin queues each frame at its first poll, so frames go out in
+        // the ledger's order.
+        for op in book.ops.drain(..) {
+            settles.push(async move { (op, send_op(channel, op).await) });
+        }
+        if drained && settles.is_empty() && book.held() == 0 {
+            break;
+        }
+    }
+    let report = shared.report();
+    debug!(queue = %shared.queue, ?report, "settler closed");
+    done.send_replace(Some(report));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book(count: usize) -> Book {
+        Book::new(Bounds {
+            count,
+            delay: Duration::from_millis(2),
+        })
+    }
+
+    #[test]
+    fn idle_once_every_received_tag_is_decided() {
+        let mut b = book(10);
+        b.receive(1);
+        b.receive(2);
+        assert!(!b.idle());
+        assert!(b.record(2, Outcome::Ack));
+        assert!(!b.idle());
+        assert!(b.record(1, Outcome::Never));
+        assert!(b.idle());
+        b.flush(true);
+        // Tag 1 is never settled, so 2 goes alone: no `multiple` over 1.
+        assert_eq!(b.ops, vec![Op::Ack(2)]);
+    }
+
+    #[test]
+    fn a_lost_channel_drops_what_was_held_and_records_nothing_more() {
+        let mut b = book(10);
+        (1..=4).for_each(|t| b.receive(t));
+        assert!(b.record(2, Outcome::Ack));
+        assert!(b.record(3, Outcome::Requeue));
+        b.flush(false);
+        assert!(b.ops.is_empty(), "tag 1 is pending: {:?}", b.ops);
+        assert_eq!(b.held(), 2);
+        assert_eq!(b.lose(), 2);
+        assert_eq!(b.lose(), 0, "counted once");
+        assert!(b.idle(), "nothing is pending on a lost channel");
+        assert!(!b.record(1, Outcome::Ack));
+        b.flush(true);
+        assert!(b.ops.is_empty());
+        assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn settlers_and_tickets_move_between_tasks() {
+        fn send_sync_static<T: Send + Sync + 'static>() {}
+        send_sync_static::<Settler>();
+        send_sync_static::<Ticket>();
+        send_sync_static::<SettleReport>();
+    }
+
+    #[test]
+    fn ops_count_the_deliveries_they_settle() {
+        assert_eq!(deliveries(Op::AckUpTo { tag: 9, count: 7 }), 7);
+        assert_eq!(deliveries(Op::Ack(3)), 1);
+        assert_eq!(deliveries(Op::Reject(3)), 1);
+        assert_eq!(deliveries(Op::Requeue(3)), 1);
+    }
+
+    #[test]
+    fn a_lost_book_counts_ops_not_yet_sent_too() {
+        let mut b = book(2);
+        (1..=3).for_each(|t| b.receive(t));
+        (1..=3).for_each(|t| {
+            b.record(t, Outcome::Ack);
+        });
+        b.flush(false);
+        assert_eq!(b.ops, vec![Op::AckUpTo { tag: 2, count: 2 }]);
+        assert_eq!(b.held(), 1);
+        assert_eq!(b.lose(), 3);
+    }
+}
