@@ -76,7 +76,8 @@
 //! bound, when the time bound passes (an acknowledgement held above a lower
 //! tag that is not decided yet then goes out on its own, so a slow handler
 //! never stalls the others), as soon as every tracked delivery is decided
-//! (idle), and at [`Settler::close`]. [`AckBatch::off`] sends every settle
+//! while the prefetch window is used up (the broker then sends nothing until
+//! a settle), and at [`Settler::close`]. [`AckBatch::off`] sends every settle
 //! at once, on its own. A `multiple` ack is never sent with tag 0.
 //!
 //! # Rules
@@ -306,10 +307,13 @@ impl Settler {
     /// (the name each [`Delivery`] carries), coalescing acknowledgements
     /// within `ack_batch`'s bounds.
     ///
-    /// `prefetch` is the channel's prefetch (what you gave `basic_qos`); it
-    /// is only used for `ack_batch`'s default run length, `min(50,
-    /// prefetch / 2)` (at least 1), as for [`App`](crate::App)'s queues. An
-    /// explicit count in `ack_batch` ignores it.
+    /// `prefetch` is the channel's prefetch (what you gave `basic_qos`; `0`
+    /// for none). It sets `ack_batch`'s default run length, `min(50,
+    /// prefetch / 2)` (at least 1), as for [`App`](crate::App)'s queues (an
+    /// explicit count in `ack_batch` ignores it), and tells the settler when
+    /// the broker has sent all it will until a settle: with every tracked
+    /// delivery decided and the window used up, what is held goes out at
+    /// once rather than after the delay.
     ///
     /// # Panics
     ///
@@ -338,7 +342,12 @@ impl Settler {
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let (done_tx, done) = watch::channel(None);
-        tokio::spawn(run(shared.clone(), Bounds { count, delay }, rx, done_tx));
+        let bounds = Bounds {
+            count,
+            delay,
+            window: usize::from(prefetch),
+        };
+        tokio::spawn(run(shared.clone(), bounds, rx, done_tx));
         Settler { shared, tx, done }
     }
 
@@ -660,7 +669,11 @@ async fn run(
             timer_armed = false;
         }
         if book.held() > 0 {
-            let force = force || book.idle() || closing;
+            // Idle with the prefetch window used up: the broker waits for a
+            // settle. Idle with room: more is on its way, the delay bounds
+            // the hold (flushing at every lull would ack per burst).
+            let stalled = book.idle() && book.ledger.window_full();
+            let force = force || stalled || closing;
             if !force && !timer_armed {
                 timer
                     .as_mut()
@@ -695,6 +708,7 @@ mod tests {
         Book::new(Bounds {
             count,
             delay: Duration::from_millis(2),
+            window: 0,
         })
     }
 
