@@ -39,6 +39,10 @@ pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot, UnknownQueue};
+/// The lapin acemq is built on (with acemq's lean features: no default TLS),
+/// for a [connection factory](App::connection_factory) or
+/// [`Publisher::publish_lapin`] without a lapin dependency of your own.
+pub use lapin;
 pub use publisher::Publisher;
 pub use stack::{Outcome, QueueStack};
 
