@@ -6,10 +6,19 @@
 //! [`resolve_addresses`]: an address given in code, then `AMQP_ADDR` (one
 //! address or several separated by commas), then the config's `addresses`,
 //! then [`DEFAULT_AMQP_ADDR`].
+//!
+//! Every connection an [`App`](crate::App) opens or reopens can go through a
+//! factory of yours instead ([`App::connection_factory`](crate::App::connection_factory)):
+//! it gets a [`ConnectRequest`] with what acemq would have used and returns
+//! the open connection.
 
 use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
@@ -144,6 +153,175 @@ impl ConnectOptions {
         self.tls = tls;
         self
     }
+}
+
+/// Which of an [`App`](crate::App)'s two connections a [`ConnectRequest`]
+/// is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConnectionRole {
+    /// The consumers' connection (consumes and settles, never publishes).
+    Consumer,
+    /// The publishing connection (rung and dead-letter copies, your
+    /// messages through [`Publisher`](crate::Publisher)).
+    Publisher,
+}
+
+impl ConnectionRole {
+    /// `"consumer"` or `"publisher"`, as in acemq's logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionRole::Consumer => "consumer",
+            ConnectionRole::Publisher => "publisher",
+        }
+    }
+}
+
+impl From<crate::health::Role> for ConnectionRole {
+    fn from(role: crate::health::Role) -> Self {
+        match role {
+            crate::health::Role::Consumer => ConnectionRole::Consumer,
+            crate::health::Role::Publisher => ConnectionRole::Publisher,
+        }
+    }
+}
+
+/// What acemq would open a connection with, handed to a connection factory
+/// ([`App::connection_factory`](crate::App::connection_factory)) for every
+/// connection the `App` opens or reopens: the address (one of the resolved
+/// addresses, in acemq's shuffled order, with the config's heartbeat in its
+/// query), the connection name, which connection it is, acemq's
+/// [`ConnectionProperties`] and the TLS settings read from the config's
+/// files. Add to them, or build the connection your own way.
+///
+/// The address holds the password: log [`redacted_uri`](Self::redacted_uri),
+/// never [`uri`](Self::uri). `Debug` shows it redacted.
+#[non_exhaustive]
+pub struct ConnectRequest {
+    uri: String,
+    name: String,
+    role: ConnectionRole,
+    properties: ConnectionProperties,
+    tls: OwnedTLSConfig,
+}
+
+impl ConnectRequest {
+    /// The address to connect to, heartbeat applied. **It holds the
+    /// password**: pass it to lapin, never to a log line.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The address with its password replaced by `***`, safe to log.
+    pub fn redacted_uri(&self) -> String {
+        redact(&self.uri)
+    }
+
+    /// The connection name (`App::connection_name`, with ` (publisher)`
+    /// added for the publishing connection); acemq's properties already
+    /// carry it.
+    pub fn connection_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Which connection this is.
+    pub fn role(&self) -> ConnectionRole {
+        self.role
+    }
+
+    /// The properties acemq would connect with (the connection name set).
+    pub fn properties(&self) -> &ConnectionProperties {
+        &self.properties
+    }
+
+    /// The properties, to add to in place.
+    pub fn properties_mut(&mut self) -> &mut ConnectionProperties {
+        &mut self.properties
+    }
+
+    /// This request with `properties` instead (start from
+    /// [`properties`](Self::properties) to keep the connection name).
+    pub fn with_properties(mut self, properties: ConnectionProperties) -> Self {
+        self.properties = properties;
+        self
+    }
+
+    /// The TLS settings acemq read from the config's `tls:` files (empty
+    /// without them).
+    pub fn tls_config(&self) -> &OwnedTLSConfig {
+        &self.tls
+    }
+
+    /// Connects as acemq does by default (lapin's `DefaultConnectionBuilder`
+    /// with this address, these properties and TLS settings). acemq applies
+    /// its connect timeout around the factory, not here.
+    pub async fn connect(self) -> Result<Connection, lapin::Error> {
+        DefaultConnectionBuilder::new()?
+            .with_uri_str(self.uri)
+            .with_properties(self.properties)
+            .with_tls_config(self.tls)
+            .connect()
+            .await
+    }
+}
+
+impl fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("uri", &self.redacted_uri())
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("properties", &self.properties)
+            .field(
+                "tls",
+                &format_args!(
+                    "{{ cert_chain: {}, identity: {} }}",
+                    self.tls.cert_chain.is_some(),
+                    self.tls.identity.is_some()
+                ),
+            )
+            .finish()
+    }
+}
+
+type FactoryFuture = Pin<Box<dyn Future<Output = Result<Connection, lapin::Error>> + Send>>;
+
+/// A user's connection factory, as [`App::connection_factory`](crate::App::connection_factory)
+/// keeps it. Cheap to clone.
+#[derive(Clone)]
+pub struct ConnectionFactory {
+    f: Arc<dyn Fn(ConnectRequest) -> FactoryFuture + Send + Sync>,
+}
+
+impl ConnectionFactory {
+    /// Wraps `f`, called with every [`ConnectRequest`].
+    pub fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Connection, lapin::Error>> + Send + 'static,
+    {
+        ConnectionFactory {
+            f: Arc::new(move |req| Box::pin(f(req)) as FactoryFuture),
+        }
+    }
+
+    fn call(&self, req: ConnectRequest) -> FactoryFuture {
+        (self.f)(req)
+    }
+}
+
+impl fmt::Debug for ConnectionFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionFactory").finish_non_exhaustive()
+    }
+}
+
+/// How an `App` opens one connection: which it is, and the user's factory
+/// if there is one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Via<'a> {
+    pub(crate) role: ConnectionRole,
+    pub(crate) factory: Option<&'a ConnectionFactory>,
 }
 
 /// A connection, and which address answered.
@@ -282,10 +460,21 @@ pub async fn connect_any(
     timeout: Duration,
     options: &ConnectOptions,
 ) -> Result<Connected, ConnectError> {
+    connect_any_via(addresses, name, timeout, options, None).await
+}
+
+/// [`connect_any`], each attempt through `via`'s factory when it has one.
+pub(crate) async fn connect_any_via(
+    addresses: &[String],
+    name: &str,
+    timeout: Duration,
+    options: &ConnectOptions,
+    via: Option<Via<'_>>,
+) -> Result<Connected, ConnectError> {
     let order = shuffled(addresses);
     let mut tried = Vec::with_capacity(order.len());
     for addr in &order {
-        match connect_with(addr, name, timeout, options).await {
+        match connect_via(addr, name, timeout, options, via).await {
             Ok(connection) => {
                 let index = addresses.iter().position(|a| a == addr).unwrap_or(0);
                 return Ok(Connected {
@@ -381,21 +570,33 @@ pub async fn connect_with(
     timeout: Duration,
     options: &ConnectOptions,
 ) -> Result<Connection, ConnectError> {
+    connect_via(addr, name, timeout, options, None).await
+}
+
+/// [`connect_with`], through `via`'s factory when it has one (the same
+/// checks before, the same timeout and error mapping around it).
+async fn connect_via(
+    addr: &str,
+    name: &str,
+    timeout: Duration,
+    options: &ConnectOptions,
+    via: Option<Via<'_>>,
+) -> Result<Connection, ConnectError> {
     let redacted = redact(addr);
     if let Err(reason) = check_address(addr) {
         return Err(ConnectError::BadAddress { redacted, reason });
     }
-    let tls = tls_config(options.tls.as_ref())?;
-    let uri = with_heartbeat(addr, options.heartbeat);
-    let props =
-        ConnectionProperties::default().with_connection_name(LongString::from(name.to_owned()));
-    let attempt = async {
-        DefaultConnectionBuilder::new()?
-            .with_uri_str(uri)
-            .with_properties(props)
-            .with_tls_config(tls)
-            .connect()
-            .await
+    let request = ConnectRequest {
+        uri: with_heartbeat(addr, options.heartbeat),
+        name: name.to_owned(),
+        role: via.map_or(ConnectionRole::Consumer, |v| v.role),
+        properties: ConnectionProperties::default()
+            .with_connection_name(LongString::from(name.to_owned())),
+        tls: tls_config(options.tls.as_ref())?,
+    };
+    let attempt = match via.and_then(|v| v.factory) {
+        Some(factory) => factory.call(request),
+        None => Box::pin(request.connect()),
     };
     match tokio::time::timeout(timeout, attempt).await {
         Err(_) => Err(ConnectError::Timeout { redacted, timeout }),

@@ -40,8 +40,10 @@ pub use app::{App, Running, Signals, StartError};
 pub use config::Config;
 pub use drain::{Drain, DrainReport, DrainTimeout};
 pub use health::{Health, HealthSnapshot, UnknownQueue};
-/// The lapin crate acemq is built on, for a consumer of your own (see
-/// [`settle`]) without a lapin dependency of yours.
+/// The lapin crate acemq is built on (with acemq's lean features: no default
+/// TLS), for a consumer of your own (see [`settle`]), a
+/// [connection factory](App::connection_factory) or
+/// [`Publisher::publish_lapin`] without a lapin dependency of your own.
 pub use lapin;
 pub use publisher::Publisher;
 pub use settle::Settler;

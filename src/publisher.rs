@@ -127,13 +127,13 @@ impl Publisher {
         };
         match tokio::time::timeout(self.inner.wait, wait).await {
             Ok(Some(c)) => Ok(c),
-            _ => Err(PublishError::Transport {
-                queue: target.to_owned(),
-                message: format!(
+            _ => Err(PublishError::transport(
+                target,
+                format!(
                     "the publishing connection is not open (not started yet, reconnecting, or closed); waited {:?}",
                     self.inner.wait
                 ),
-            }),
+            )),
         }
     }
 
@@ -233,9 +233,12 @@ impl Publisher {
         routing_key: &str,
         value: &T,
     ) -> Result<(), PublishError> {
-        let body = serde_json::to_vec(value).map_err(|e| PublishError::Transport {
-            queue: routing_key.to_owned(),
-            message: format!("the value could not be serialised as JSON: {e}"),
+        let body = serde_json::to_vec(value).map_err(|e| {
+            PublishError::transport_with_source(
+                routing_key,
+                format!("the value could not be serialised as JSON: {e}"),
+                e,
+            )
         })?;
         let mut properties = Properties::default();
         properties.content_type = Some("application/json".to_owned());
@@ -266,10 +269,8 @@ impl Publisher {
         } else {
             format!("{exchange}/{routing_key}")
         };
-        let transport = |e: lapin::Error| PublishError::Transport {
-            queue: target.clone(),
-            message: e.to_string(),
-        };
+        let transport =
+            |e: lapin::Error| PublishError::transport_with_source(&*target, e.to_string(), e);
         let properties = crate::otel::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
@@ -348,10 +349,10 @@ impl Publish for Publisher {
 
     async fn redeclare(&self, queue: &str) -> Result<(), PublishError> {
         let Some(decl) = self.inner.topology.get().and_then(|t| t.get(queue)) else {
-            return Err(PublishError::Transport {
-                queue: queue.to_owned(),
-                message: "the topology does not name this queue".to_owned(),
-            });
+            return Err(PublishError::transport(
+                queue,
+                "the topology does not name this queue",
+            ));
         };
         warn!(
             queue,
@@ -360,9 +361,40 @@ impl Publish for Publisher {
         let conn = self.connection(queue).await?;
         declare_one(&conn, decl)
             .await
-            .map_err(|e| PublishError::Transport {
-                queue: queue.to_owned(),
-                message: e.to_string(),
-            })
+            .map_err(|e| PublishError::transport_with_source(queue, e.to_string(), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_transport_failure_carries_its_underlying_error_as_its_source() {
+        // A map with non-string keys is not JSON: serialising fails before
+        // any connection is needed.
+        let (_tx, rx) = watch::channel(None);
+        let publisher = Publisher::detached(rx, Duration::from_millis(10));
+        let value: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let e = publisher.publish_json("", "q", &value).await.unwrap_err();
+        assert!(matches!(e, PublishError::Transport { .. }), "{e:?}");
+        let source = std::error::Error::source(&e).expect("the serialiser's error");
+        assert!(
+            source.downcast_ref::<serde_json::Error>().is_some(),
+            "{source:?}"
+        );
+        // No connection: a transport failure without an underlying error.
+        let e = publisher
+            .publish("", "q", b"x", Properties::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PublishError::Transport { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_none());
+        // The chain does not repeat the source's text.
+        let chained = acemq_layers::display_chain(
+            &PublishError::transport_with_source("q", "boom", std::io::Error::other("boom")),
+            4096,
+        );
+        assert_eq!(chained, "publish to \"q\" failed: boom");
     }
 }

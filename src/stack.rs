@@ -222,7 +222,13 @@ pub(crate) fn build<H, O, I, C, P>(
     parts: Parts<'_, P>,
     stack: &QueueStack<O, I, C>,
     handler: H,
-) -> impl Service<Delivery, Response = Decision, Error = BoxError, Future: Send + 'static> + Send + 'static
+) -> impl Service<
+    Delivery,
+    Response = Decision,
+    Error = BoxError,
+    Future: crate::consumer::Released + Send + 'static,
+> + Send
+       + 'static
 where
     P: Publish,
     C: Classify + Clone,

@@ -146,10 +146,10 @@ impl Publish for RecordingPublisher {
             PublishMode::Confirm => Ok(()),
             PublishMode::Nack => Err(PublishError::Nacked { queue }),
             PublishMode::Unroutable => Err(PublishError::Unroutable { queue }),
-            PublishMode::Fail => Err(PublishError::Transport {
+            PublishMode::Fail => Err(PublishError::transport(
                 queue,
-                message: "the test publisher was told to fail".to_owned(),
-            }),
+                "the test publisher was told to fail",
+            )),
         }
     }
 

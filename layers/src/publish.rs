@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use crate::delivery::Delivery;
+use crate::error::BoxError;
 use crate::headers::{
     Headers, DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
 };
@@ -63,13 +64,59 @@ pub enum PublishError {
         message: String,
     },
     /// The channel or connection is gone, or another transport failure.
+    ///
+    /// Build one with [`PublishError::transport`] or
+    /// [`PublishError::transport_with_source`]; match it with
+    /// `PublishError::Transport { queue, .. }`.
     #[error("publish to {queue:?} failed: {message}")]
+    #[non_exhaustive]
     Transport {
         /// The queue the copy was addressed to.
         queue: String,
-        /// What the transport said.
+        /// What went wrong, in words (it already contains the source's own
+        /// text where there is one, so [`display_chain`](crate::display_chain)
+        /// does not repeat it).
         message: String,
+        /// The underlying error (lapin's, a serialiser's, …), when there is
+        /// one: [`source()`](std::error::Error::source) returns it, so it can
+        /// be downcast.
+        #[source]
+        source: Option<BoxError>,
     },
+}
+
+impl PublishError {
+    /// A [`Transport`](Self::Transport) failure without an underlying error
+    /// (e.g. no connection open within the wait).
+    pub fn transport(queue: impl Into<String>, message: impl Into<String>) -> Self {
+        PublishError::Transport {
+            queue: queue.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`Transport`](Self::Transport) failure caused by `source`, which
+    /// [`source()`](std::error::Error::source) returns.
+    ///
+    /// ```
+    /// use acemq_layers::PublishError;
+    /// let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "pipe");
+    /// let e = PublishError::transport_with_source("q", io.to_string(), io);
+    /// let source = std::error::Error::source(&e).expect("a source");
+    /// assert!(source.downcast_ref::<std::io::Error>().is_some());
+    /// ```
+    pub fn transport_with_source(
+        queue: impl Into<String>,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        PublishError::Transport {
+            queue: queue.into(),
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
 }
 
 /// Publishes copies of deliveries with mandatory + confirm. The `acemq`

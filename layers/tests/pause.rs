@@ -289,3 +289,29 @@ async fn paused_for_resolves_only_after_an_unbroken_pause_of_the_bound() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(watch.is_finished(), "10 s unbroken: resolved");
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_held_request_says_when_it_was_released_and_one_called_at_once_does_not() {
+    let gate = PauseHandle::new();
+    let (_calls, handler) = recording();
+    let mut svc = Pause::new(handler, gate.clone());
+    let mut at_once = Box::pin(svc.ready().await.unwrap().call(delivery(1)));
+    assert_eq!(at_once.released_at(), None);
+    assert_eq!(at_once.as_mut().await.unwrap(), Decision::Ack);
+    assert_eq!(at_once.released_at(), None, "never held, never stamped");
+
+    gate.pause();
+    let held_since = tokio::time::Instant::now();
+    let mut held = Box::pin(svc.ready().await.unwrap().call(delivery(2)));
+    let waker = Waker::from(Arc::new(CountingWaker::default()));
+    assert!(held
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    assert_eq!(held.released_at(), None, "still held");
+    tokio::time::advance(std::time::Duration::from_secs(5)).await;
+    gate.resume();
+    assert_eq!(held.as_mut().await.unwrap(), Decision::Ack);
+    let released = held.released_at().expect("released by the resume");
+    assert_eq!(released - held_since, std::time::Duration::from_secs(5));
+}

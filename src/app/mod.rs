@@ -25,7 +25,10 @@ use tower::{Layer, Service};
 use tracing::{info, warn};
 
 use crate::config::{Config, ConfigError, QueueConfig};
-use crate::connection::{connect_any, redact, resolve_addresses, ConnectError, ConnectOptions};
+use crate::connection::{
+    connect_any_via, redact, resolve_addresses, ConnectError, ConnectOptions, ConnectRequest,
+    ConnectionFactory, ConnectionRole, Via,
+};
 use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
 use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
 use crate::health::{Health, Role};
@@ -129,6 +132,7 @@ pub struct App {
     config: Config,
     addr: Option<String>,
     name: String,
+    factory: Option<ConnectionFactory>,
     starters: Vec<(String, Starter)>,
     /// Retry policies given in code, by queue: they replace the config's.
     policies: Vec<(String, acemq_layers::RetryPolicy)>,
@@ -162,6 +166,7 @@ impl App {
             config,
             addr: None,
             name: "acemq".to_owned(),
+            factory: None,
             starters: Vec::new(),
             policies: Vec::new(),
             health: Health::new(),
@@ -207,6 +212,53 @@ impl App {
     /// instances apart.
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// Opens every connection through `factory` instead of acemq's own
+    /// connect: both connections (consumers', publisher's), at start and at
+    /// every reconnect after a loss (the supervisor reopens them, so this is
+    /// a factory, not a connection). It is given a [`ConnectRequest`] with
+    /// what acemq would have used — the address with the heartbeat applied
+    /// (it holds the password: log [`ConnectRequest::redacted_uri`]), the
+    /// connection name, the [`ConnectionRole`], acemq's
+    /// `ConnectionProperties` and the TLS settings of the config — and
+    /// returns the open connection. acemq still tries the addresses in
+    /// shuffled order (one call per address tried), bounds each call by
+    /// `connect_timeout`, and turns its error into a [`ConnectError`] as for
+    /// its own connect.
+    ///
+    /// Write one with [`acemq::lapin`](crate::lapin) (no lapin dependency of
+    /// your own needed, nor its default TLS):
+    ///
+    /// ```no_run
+    /// use acemq::connection::ConnectRequest;
+    /// use acemq::lapin::types::LongString;
+    /// use acemq::{App, Config};
+    ///
+    /// # fn build(config: Config) -> App {
+    /// App::new(config).connection_factory(|request: ConnectRequest| async move {
+    ///     tracing::info!(broker = %request.redacted_uri(), role = request.role().as_str(), "connecting");
+    ///     let properties = request
+    ///         .properties()
+    ///         .clone()
+    ///         .with_client_property("deployment".into(), LongString::from("blue"));
+    ///     // Or build it yourself, e.g. on a runtime of yours:
+    ///     // acemq::lapin::ConnectionBuilder::new_with_runtime(runtime)
+    ///     //     .with_uri_str(request.uri().to_owned())
+    ///     //     .with_properties(properties)
+    ///     //     .with_tls_config(request.tls_config().clone())
+    ///     //     .connect()
+    ///     request.with_properties(properties).connect().await
+    /// })
+    /// # }
+    /// ```
+    pub fn connection_factory<F, Fut>(mut self, factory: F) -> Self
+    where
+        F: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<lapin::Connection, lapin::Error>> + Send + 'static,
+    {
+        self.factory = Some(ConnectionFactory::new(factory));
         self
     }
 
@@ -340,6 +392,7 @@ impl App {
             mut config,
             addr,
             name,
+            factory,
             starters,
             policies,
             health,
@@ -381,6 +434,7 @@ impl App {
                 &addresses,
                 &options,
                 &name,
+                factory.as_ref(),
                 &health,
                 &mut opened,
             );
@@ -432,6 +486,7 @@ impl App {
             addresses,
             options,
             name,
+            factory,
             slots,
             health: health.clone(),
             publisher: publisher.clone(),
@@ -543,17 +598,27 @@ type Started = (
 /// Connect (both connections), declare, open every queue's first
 /// generation. Every connection opened is pushed to `opened`, so a failure
 /// or a stop signal can close them.
+#[allow(clippy::too_many_arguments)]
 async fn start_phases(
     config: &Config,
     declared: &Config,
     addresses: &[String],
     options: &ConnectOptions,
     name: &str,
+    factory: Option<&ConnectionFactory>,
     health: &Health,
     opened: &mut Vec<Arc<lapin::Connection>>,
 ) -> Result<Started, StartError> {
     info!(broker = %redact(&addresses.join(",")), "connecting");
-    let c = connect_any(addresses, name, config.connect_timeout, options).await?;
+    let via = |role| Some(Via { role, factory });
+    let c = connect_any_via(
+        addresses,
+        name,
+        config.connect_timeout,
+        options,
+        via(ConnectionRole::Consumer),
+    )
+    .await?;
     info!(broker = %c.address, connection = name, "connected (consumers)");
     health.set_broker(Role::Consumer, Some(c.address));
     let consume_conn = Arc::new(c.connection);
@@ -571,11 +636,17 @@ async fn start_phases(
             .join(", ")
     );
     let publish_name = format!("{name}{}", Role::Publisher.suffix());
-    let p = connect_any(addresses, &publish_name, config.connect_timeout, options)
-        .await
-        .map_err(|e| StartError::Publisher {
-            message: e.to_string(),
-        })?;
+    let p = connect_any_via(
+        addresses,
+        &publish_name,
+        config.connect_timeout,
+        options,
+        via(ConnectionRole::Publisher),
+    )
+    .await
+    .map_err(|e| StartError::Publisher {
+        message: e.to_string(),
+    })?;
     info!(broker = %p.address, connection = %publish_name, "connected (publisher)");
     health.set_broker(Role::Publisher, Some(p.address));
     let publish_conn = Arc::new(p.connection);

@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 
 use super::{LoopFuture, StartError, Starter};
 use crate::config::{Config, QueueConfig};
-use crate::connection::{connect_any, ConnectOptions};
+use crate::connection::{connect_any_via, ConnectOptions, ConnectionFactory, Via};
 use crate::consumer::{End, QueueStats};
 use crate::drain::{Link, QueueHandle};
 use crate::health::{Health, Role};
@@ -135,6 +135,8 @@ pub(crate) struct Shared {
     pub(crate) addresses: Vec<String>,
     pub(crate) options: ConnectOptions,
     pub(crate) name: String,
+    /// The user's connection factory, for every reconnect too.
+    pub(crate) factory: Option<ConnectionFactory>,
     pub(crate) slots: Vec<QueueSlot>,
     pub(crate) health: Health,
     pub(crate) publisher: Publisher,
@@ -564,11 +566,15 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
         loop {
             let attempt = async {
                 let name = format!("{}{}", shared.name, role.suffix());
-                let connected = connect_any(
+                let connected = connect_any_via(
                     &shared.addresses,
                     &name,
                     shared.config.connect_timeout,
                     &shared.options,
+                    Some(Via {
+                        role: role.into(),
+                        factory: shared.factory.as_ref(),
+                    }),
                 )
                 .await?;
                 let broker = connected.address.clone();

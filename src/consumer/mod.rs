@@ -199,7 +199,7 @@ struct Generation<'a, S> {
 impl<S> Generation<'_, S>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
-    S::Future: Send + 'static,
+    S::Future: Released + Send + 'static,
 {
     /// Tells the runner why this generation stopped consuming (once).
     fn end(&mut self, why: End) {
@@ -362,7 +362,7 @@ where
 impl<S> ConsumerLoop<S>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError> + Send + 'static,
-    S::Future: Send + 'static,
+    S::Future: Released + Send + 'static,
 {
     /// Runs until the stream has ended and every handler and settle is
     /// done; then closes its channel if it is still open (everything on it
@@ -580,6 +580,18 @@ fn record(
     }
 }
 
+/// The stack's outermost future says when the pause gate let a held
+/// delivery through (`acemq.handler.duration` starts there).
+pub(crate) trait Released {
+    fn released_at(&self) -> Option<tokio::time::Instant>;
+}
+
+impl<S, F> Released for acemq_layers::pause::future::ResponseFuture<S, F> {
+    fn released_at(&self) -> Option<tokio::time::Instant> {
+        acemq_layers::pause::future::ResponseFuture::released_at(self)
+    }
+}
+
 /// Turns a lapin delivery into a request, calls the stack, and returns the
 /// future that yields the decision with the delivery tag (inside the
 /// delivery's span). The queue's concurrency slot is held until the stack
@@ -593,7 +605,7 @@ fn start_handler<S>(
 ) -> impl Future<Output = Finished> + Send + 'static
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
-    S::Future: Send + 'static,
+    S::Future: Released + Send + 'static,
 {
     let tag = raw.delivery_tag;
     let span = crate::span::process_span(queue, &raw);
@@ -603,7 +615,14 @@ where
     let started = Instant::now();
     let fut = span.in_scope(|| service.call(delivery));
     async move {
-        let decision = match fut.await {
+        let mut fut = std::pin::pin!(fut);
+        let output = fut.as_mut().await;
+        // A delivery the pause gate held is timed from its release: the
+        // time held is not handler time.
+        let started = fut
+            .released_at()
+            .map_or(started, tokio::time::Instant::into_std);
+        let decision = match output {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "the handler stack returned an error instead of a decision; rejecting the delivery without requeue");

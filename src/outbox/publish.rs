@@ -84,17 +84,11 @@ impl StandalonePublisher {
         }
         let conn = connect(&self.addr, &self.name, Duration::from_secs(10))
             .await
-            .map_err(|e| PublishError::Transport {
-                queue: "(outbox relay)".to_owned(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| PublishError::transport_with_source("(outbox relay)", e.to_string(), e))?;
         let conn = Arc::new(conn);
         let p = Publisher::new(conn.clone(), Topology::default())
             .await
-            .map_err(|e| PublishError::Transport {
-                queue: "(outbox relay)".to_owned(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| PublishError::transport_with_source("(outbox relay)", e.to_string(), e))?;
         *current = Some((p.clone(), conn.clone()));
         Ok((p, conn))
     }

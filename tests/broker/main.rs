@@ -11,6 +11,7 @@ mod bad_input;
 mod config_load;
 mod dead_letter;
 mod drain;
+mod factory;
 mod faults;
 mod metrics_names;
 mod pause;

@@ -89,3 +89,73 @@ async fn a_long_pause_hands_the_held_work_back_and_cancels_the_consumer_until_re
     running.drain().await.expect("a clean drain");
     broker.delete(&all_queues(&q)).await;
 }
+
+/// The `acemq_handler_duration` summary's `_sum` and `_count` for `queue`
+/// in a Prometheus rendering.
+fn duration_sum_and_count(text: &str, queue: &str) -> (f64, u64) {
+    let value = |suffix: &str| {
+        let prefix = format!("acemq_handler_duration_{suffix}{{queue=\"{queue}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{prefix} in:\n{text}"))
+            .trim()
+            .to_owned()
+    };
+    (
+        value("sum").parse().expect("a number"),
+        value("count").parse().expect("a number"),
+    )
+}
+
+#[test]
+fn the_handler_duration_leaves_out_the_time_a_delivery_was_held_at_the_paused_gate() {
+    // A recorder of this test's own: the runner's tasks run on this
+    // current-thread runtime, inside `with_local_recorder`.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let render = recorder.handle();
+    let q = unique("pause-duration");
+    let _cleanup = QueueCleanup::new(all_queues(&q));
+    const HELD: Duration = Duration::from_millis(1200);
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let mut broker = Broker::new().await;
+                let app = App::new(Config::new([QueueConfig::new(q.clone())])).consume(
+                    &q,
+                    tower::service_fn(|_d: Delivery| async { Ok::<(), BoxError>(()) }),
+                );
+                let health = app.health();
+                let running = app.start().await.expect("starts");
+                health.pause(&q).expect("the queue is consumed here");
+                broker.publish(&q, b"order", FieldTable::default()).await;
+                assert!(
+                    eventually(Duration::from_secs(5), || async {
+                        health.snapshot().queues[0].held == 1
+                    })
+                    .await,
+                    "the delivery is held at the gate: {:?}",
+                    health.snapshot()
+                );
+                tokio::time::sleep(HELD).await;
+                health.resume(&q).unwrap();
+                assert!(
+                    eventually(Duration::from_secs(5), || async {
+                        health.snapshot().queues[0].handled == 1
+                    })
+                    .await,
+                    "handled once resumed: {:?}",
+                    health.snapshot()
+                );
+                running.drain().await.expect("a clean drain");
+            });
+    });
+    let (sum, count) = duration_sum_and_count(&render.render(), &q);
+    assert_eq!(count, 1, "one delivery timed");
+    assert!(
+        sum < HELD.as_secs_f64() / 4.0,
+        "a fast handler held {HELD:?} at the gate is timed from its release: {sum} s"
+    );
+}

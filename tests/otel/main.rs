@@ -518,7 +518,7 @@ async fn a_malformed_traceparent_starts_a_new_trace_with_one_warning_and_is_hand
     assert!(!cx.span().span_context().is_valid());
 }
 
-/// The examples' default filter (`examples/shop.rs`).
+/// The examples' default filter (`examples/shop/main.rs`).
 const EXAMPLES_FILTER: &str = "info,acemq::consumer=warn,lapin::returned_messages=off";
 
 #[tokio::test]
@@ -573,7 +573,7 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
     let kept: Vec<_> = logs.events().into_iter().map(|(_, t, _)| t).collect();
     assert_eq!(kept, ["lapin::channel"]);
     for example in [
-        include_str!("../../examples/shop.rs"),
+        include_str!("../../examples/shop/main.rs"),
         include_str!("../../examples/axum_side_by_side.rs"),
         include_str!("../../examples/tracing_otlp.rs"),
     ] {

@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
+use tokio::time::Instant;
 use tower::Service;
 
 use super::handle::{HeldGuard, State as Gate};
@@ -26,6 +27,9 @@ pin_project! {
     pub struct ResponseFuture<S, F> {
         #[pin]
         state: State<S, F>,
+        // Set when a held request is let through: a request called at once
+        // reads no clock here.
+        released_at: Option<Instant>,
     }
 }
 
@@ -61,12 +65,14 @@ impl<S, F> ResponseFuture<S, F> {
     pub(crate) fn calling(fut: F) -> Self {
         ResponseFuture {
             state: State::Calling { fut },
+            released_at: None,
         }
     }
 
     pub(crate) fn handed_back() -> Self {
         ResponseFuture {
             state: State::HandBack,
+            released_at: None,
         }
     }
 
@@ -80,7 +86,19 @@ impl<S, F> ResponseFuture<S, F> {
                     guard,
                 }),
             },
+            released_at: None,
         }
+    }
+
+    /// When the gate stopped holding this request: let it through to the
+    /// inner service at a resume, or handed it back at a close or
+    /// [`hand_back_held`](super::PauseHandle::hand_back_held). `None` when
+    /// it was never held (called at once, or handed back by a closed gate
+    /// at the call) or is still held. A transport that times its handler
+    /// from the call into the gate takes this as the start instead, so the
+    /// time spent held is not counted as handler time.
+    pub fn released_at(&self) -> Option<Instant> {
+        self.released_at
     }
 }
 
@@ -92,7 +110,8 @@ where
     type Output = Result<Decision, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let mut state = this.state;
         loop {
             match state.as_mut().project() {
                 StateProj::Calling { fut } => {
@@ -111,6 +130,7 @@ where
                     // close after the read wakes this task.
                     notified.as_mut().enable();
                     if guard.evicted() {
+                        *this.released_at = Some(Instant::now());
                         state.set(State::Done);
                         return Poll::Ready(Ok(Decision::HandBack));
                     }
@@ -126,6 +146,7 @@ where
                             continue;
                         }
                         Gate::Closed => {
+                            *this.released_at = Some(Instant::now());
                             state.set(State::Done);
                             return Poll::Ready(Ok(Decision::HandBack));
                         }
@@ -134,6 +155,7 @@ where
                             let (Some(mut svc), Some(req)) = (svc, req) else {
                                 unreachable!("a held delivery is called once")
                             };
+                            *this.released_at = Some(Instant::now());
                             state.set(State::Calling { fut: svc.call(req) });
                         }
                     }

@@ -24,15 +24,21 @@
 //! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic"}`.
 //! Exit codes: 0 clean stop, 75 drain deadline expired, 78 bad config,
 //! 69 broker unreachable.
+//!
+//! The handler is in `handler.rs`, tested in memory under a paused clock by
+//! `tests/shop.rs`.
+
+#[path = "handler.rs"]
+mod handler;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::{App, Config, Delivery, Reject};
-use serde::Deserialize;
+use acemq::{App, Config};
+use handler::Stats;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -41,99 +47,6 @@ use tracing_subscriber::EnvFilter;
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
 const USAGE: &str = "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]...";
-
-/// One order, as published to `shop.orders`.
-#[derive(Debug, Deserialize)]
-struct Order {
-    id: String,
-    #[serde(default)]
-    work_ms: u64,
-    #[serde(default)]
-    ignore_cancel: bool,
-    #[serde(default)]
-    fail_attempts: u32,
-    #[serde(default)]
-    fail: Option<Fail>,
-}
-
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-enum Fail {
-    Permanent,
-    Panic,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("order {id}: simulated failure on attempt {attempt} of the first {fail_attempts}")]
-struct Transient {
-    id: String,
-    attempt: u32,
-    fail_attempts: u32,
-}
-
-/// Counts for the status line.
-#[derive(Debug, Default)]
-struct Stats {
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), acemq::BoxError> {
-    let attempt = delivery.attempt();
-    let order: Order = match serde_json::from_slice(delivery.body()) {
-        Ok(o) => o,
-        Err(e) => {
-            stats.failed.fetch_add(1, Ordering::Relaxed);
-            warn!(
-                delivery_tag = delivery.delivery_tag(),
-                attempt,
-                outcome = "rejected",
-                "not an order ({e}); dead-lettering"
-            );
-            return Err(Reject::new(format!("body is not an order: {e}")).into());
-        }
-    };
-    if order.work_ms > 0 {
-        let work = tokio::time::sleep(Duration::from_millis(order.work_ms));
-        if order.ignore_cancel {
-            work.await;
-        } else {
-            tokio::select! {
-                () = work => {}
-                () = delivery.token().cancelled() => {
-                    info!(order = %order.id, attempt, outcome = "cancelled", "work cancelled by the drain; handing the order back");
-                    return Err("cancelled by the drain".into());
-                }
-            }
-        }
-    }
-    match order.fail {
-        Some(Fail::Permanent) => {
-            stats.failed.fetch_add(1, Ordering::Relaxed);
-            info!(order = %order.id, attempt, outcome = "rejected", "permanent failure");
-            return Err(Reject::new(format!("order {} cannot be fulfilled", order.id)).into());
-        }
-        Some(Fail::Panic) => {
-            stats.failed.fetch_add(1, Ordering::Relaxed);
-            info!(order = %order.id, attempt, outcome = "panic", "about to panic");
-            panic!("order {} hit a bug", order.id);
-        }
-        None => {}
-    }
-    if attempt <= order.fail_attempts {
-        stats.failed.fetch_add(1, Ordering::Relaxed);
-        info!(order = %order.id, attempt, outcome = "failed", "transient failure");
-        return Err(Transient {
-            id: order.id,
-            attempt,
-            fail_attempts: order.fail_attempts,
-        }
-        .into());
-    }
-    stats.ok.fetch_add(1, Ordering::Relaxed);
-    info!(order = %order.id, attempt, outcome = "handled", "order handled");
-    Ok(())
-}
 
 /// The demo batch: one order per path.
 fn demo_batch() -> Vec<(String, Vec<u8>)> {
@@ -295,11 +208,7 @@ async fn main() -> ExitCode {
     let stats = Arc::new(Stats::default());
     let mut app = App::new(config).connection_name(connection_name());
     for queue in &queues {
-        let handler_stats = stats.clone();
-        app = app.consume(
-            queue,
-            tower::service_fn(move |d: Delivery| handle(handler_stats.clone(), d)),
-        );
+        app = app.consume(queue, handler::orders(stats.clone()));
     }
     let health = app.health();
     // Before connecting: a SIGTERM during start-up is a clean stop too.

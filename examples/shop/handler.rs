@@ -1,0 +1,115 @@
+//! The shop's handler: a plain function behind `tower::service_fn`, shared
+//! by the example (`main.rs`) and its in-memory tests (`tests/shop.rs`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq::{BoxError, Delivery, Reject};
+use serde::Deserialize;
+use tracing::{info, warn};
+
+/// One order, as published to `shop.orders`.
+#[derive(Debug, Deserialize)]
+struct Order {
+    id: String,
+    #[serde(default)]
+    work_ms: u64,
+    #[serde(default)]
+    ignore_cancel: bool,
+    #[serde(default)]
+    fail_attempts: u32,
+    #[serde(default)]
+    fail: Option<Fail>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Fail {
+    Permanent,
+    Panic,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("order {id}: simulated failure on attempt {attempt} of the first {fail_attempts}")]
+struct Transient {
+    id: String,
+    attempt: u32,
+    fail_attempts: u32,
+}
+
+/// Counts for the status line.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Orders handled.
+    pub(crate) ok: AtomicU64,
+    /// Attempts that failed (transient, permanent, panic, not an order).
+    pub(crate) failed: AtomicU64,
+}
+
+async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
+    let attempt = delivery.attempt();
+    let order: Order = match serde_json::from_slice(delivery.body()) {
+        Ok(o) => o,
+        Err(e) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                delivery_tag = delivery.delivery_tag(),
+                attempt,
+                outcome = "rejected",
+                "not an order ({e}); dead-lettering"
+            );
+            return Err(Reject::new(format!("body is not an order: {e}")).into());
+        }
+    };
+    if order.work_ms > 0 {
+        let work = tokio::time::sleep(Duration::from_millis(order.work_ms));
+        if order.ignore_cancel {
+            work.await;
+        } else {
+            tokio::select! {
+                () = work => {}
+                () = delivery.token().cancelled() => {
+                    info!(order = %order.id, attempt, outcome = "cancelled", "work cancelled by the drain; handing the order back");
+                    return Err("cancelled by the drain".into());
+                }
+            }
+        }
+    }
+    match order.fail {
+        Some(Fail::Permanent) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            info!(order = %order.id, attempt, outcome = "rejected", "permanent failure");
+            return Err(Reject::new(format!("order {} cannot be fulfilled", order.id)).into());
+        }
+        Some(Fail::Panic) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            info!(order = %order.id, attempt, outcome = "panic", "about to panic");
+            panic!("order {} hit a bug", order.id);
+        }
+        None => {}
+    }
+    if attempt <= order.fail_attempts {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        info!(order = %order.id, attempt, outcome = "failed", "transient failure");
+        return Err(Transient {
+            id: order.id,
+            attempt,
+            fail_attempts: order.fail_attempts,
+        }
+        .into());
+    }
+    stats.ok.fetch_add(1, Ordering::Relaxed);
+    info!(order = %order.id, attempt, outcome = "handled", "order handled");
+    Ok(())
+}
+
+/// The handler as the service `App::consume` takes, counting into `stats`.
+pub(crate) fn orders(
+    stats: Arc<Stats>,
+) -> impl tower::Service<Delivery, Response = (), Error = BoxError, Future: Send + 'static>
+       + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |d: Delivery| handle(stats.clone(), d))
+}
