@@ -539,7 +539,18 @@ async fn acemq(config: Config, queue: String, sink: Arc<Sink>) {
     while sink.handled.load(Ordering::Acquire) < sink.n {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // How well the acknowledgements coalesced (the last settles of the run
+    // may still be on their way: read after the drain, which flushes them).
+    let health = running.health();
     running.drain().await.expect("drain");
+    if let Some(q) = health.snapshot().queues.first() {
+        eprintln!(
+            "    {} deliveries settled in {} frames ({:.1} per frame)",
+            q.handled,
+            q.settle_frames,
+            q.handled as f64 / q.settle_frames.max(1) as f64
+        );
+    }
 }
 
 /// One scenario: queue type and prefetch × concurrency.

@@ -152,6 +152,10 @@ pub struct QueueSnapshot {
     pub paused: bool,
     /// Outcomes dropped because their channel was gone (orphans).
     pub orphaned: usize,
+    /// Settle frames sent so far (`basic.ack`, with `multiple` or not,
+    /// `basic.nack`, `basic.reject`): against [`handled`](Self::handled),
+    /// how well acknowledgements coalesce (`ack_batch`).
+    pub settle_frames: usize,
 }
 
 impl Health {
@@ -292,6 +296,7 @@ impl Health {
                 consuming: !q.stats.down.load(Ordering::Acquire) && !self.is_draining(),
                 paused: q.gate.is_paused(),
                 orphaned: q.stats.orphaned.load(Ordering::Relaxed),
+                settle_frames: q.stats.settle_frames.load(Ordering::Relaxed),
                 name: q.name,
             })
             .collect();

@@ -76,6 +76,8 @@ pub(crate) struct QueueStats {
     pub(crate) abandoned: AtomicUsize,
     /// Outcomes dropped because their channel was gone.
     pub(crate) orphaned: AtomicUsize,
+    /// Settle frames sent (acks, multiple or not, nacks, rejects).
+    pub(crate) settle_frames: AtomicUsize,
     /// The queue has no live consumer (recovering, or given up): readiness
     /// is off while any queue is down.
     pub(crate) down: AtomicBool,
@@ -120,6 +122,7 @@ struct Outcomes {
     abandoned: Counter,
     orphaned: Counter,
     duration: metrics::Histogram,
+    frames: Counter,
 }
 
 impl Outcomes {
@@ -134,6 +137,7 @@ impl Outcomes {
             abandoned: c("abandoned"),
             orphaned: c("orphaned"),
             duration: metrics::histogram!("acemq.handler.duration", "queue" => queue.to_owned()),
+            frames: metrics::counter!("acemq.settle.frames", "queue" => queue.to_owned()),
         }
     }
 }
@@ -490,8 +494,13 @@ where
                     }
                 }
                 st.force_flush = false;
-                for op in st.ops.drain(..) {
-                    settles.push(send(st.channel, op, st.queue));
+                if !st.ops.is_empty() {
+                    let frames = st.ops.len();
+                    st.stats.settle_frames.fetch_add(frames, Ordering::Relaxed);
+                    st.outcomes.frames.increment(frames as u64);
+                    for op in st.ops.drain(..) {
+                        settles.push(send(st.channel, op, st.queue));
+                    }
                     progressed = true;
                 }
                 while let Poll::Ready(Some(())) = settles.poll_next_unpin(cx) {

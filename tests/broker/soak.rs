@@ -68,8 +68,6 @@ fn config_yaml(q: &str) -> String {
     let mut yaml = format!(
         "shutdown_timeout: 10\nqueues:\n  - name: {q}\n    prefetch: {PREFETCH}\n    concurrency: {CONCURRENCY}\n    dead_letter: true\n"
     );
-    // TODO(ack_batch): `QueueConfig::ack_batch` (issue 15); a shop whose
-    // config does not know the key exits 78 at start, naming it.
     if let Some(v) = ack_batch() {
         yaml.push_str(&format!("    ack_batch: {v}\n"));
     }
