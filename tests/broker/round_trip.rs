@@ -6,7 +6,9 @@ use acemq::Delivery;
 use lapin::types::FieldTable;
 use tower::ServiceBuilder;
 
-use crate::support::{all_queues, eventually, plain_config, start_consuming, unique, Broker};
+use crate::support::{
+    all_queues, eventually, plain_config, start_consuming, unique, Broker, QueueCleanup,
+};
 
 #[tokio::test]
 async fn a_delivery_goes_through_a_service_builder_stack_and_is_acknowledged() {
@@ -54,6 +56,8 @@ async fn acknowledgements_coalesce_into_runs_and_ack_batch_0_sends_one_frame_per
     const N: usize = 1_000;
     for (ack_batch, expect) in [("", "coalesced"), ("    ack_batch: 0\n", "one each")] {
         let q = unique("coalesce");
+        // Deleted however the test ends.
+        let _cleanup = QueueCleanup::new(all_queues(&q));
         let mut broker = Broker::new().await;
         let yaml =
             format!("queues:\n  - name: {q}\n    prefetch: 100\n    concurrency: 8\n{ack_batch}");
@@ -95,6 +99,5 @@ async fn acknowledgements_coalesce_into_runs_and_ack_batch_0_sends_one_frame_per
         } else {
             assert_eq!(frames, N, "ack_batch 0: one frame per delivery");
         }
-        broker.delete(&all_queues(&q)).await;
     }
 }
