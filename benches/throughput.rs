@@ -59,6 +59,10 @@
 //! | `ACEMQ_BENCH_LOAD_WAIT` | 90 | … for at most this many seconds, then warn |
 //! | `ACEMQ_BENCH_ADDR` | `AMQP_ADDR` | the broker's AMQP address |
 //! | `ACEMQ_BENCH_NODE` | `rabbitmqctl`'s | the node whose `beam.smp` is measured |
+//! | `ACEMQ_BENCH_SHARED_QUEUE` | unset | `1`: one queue per round for all its consumers (each run fills and empties it) |
+//!
+//! Besides the ratios of medians, each table is followed by the ratios taken
+//! inside each round, then their median over the rounds.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -181,6 +185,9 @@ struct Settings {
     max_load: f64,
     load_wait: Duration,
     broker_process: Option<BrokerProcess>,
+    /// One queue per round, shared by that round's consumers (each run
+    /// fills it with `n` and empties it), instead of a fresh queue per run.
+    shared_queue: bool,
 }
 
 impl Settings {
@@ -299,6 +306,8 @@ impl Settings {
             max_load: support::env_or("ACEMQ_BENCH_MAX_LOAD", 1.5),
             load_wait: Duration::from_secs(support::env_or("ACEMQ_BENCH_LOAD_WAIT", 90)),
             broker_process,
+            shared_queue: std::env::var("ACEMQ_BENCH_SHARED_QUEUE")
+                .is_ok_and(|v| v == "1" || v == "true"),
         }
     }
 
@@ -561,17 +570,26 @@ struct Scenario<'a> {
     concurrency: usize,
 }
 
-/// One timed run of `kind` on a fresh queue holding `n` messages.
-async fn run_one(broker: &Broker, st: &Settings, kind: Kind, sc: Scenario<'_>) -> Sample {
+/// One timed run of `kind` on a queue holding `n` messages: a fresh one, or
+/// the round's `shared` one (declared, and left empty, by the caller).
+async fn run_one(
+    broker: &Broker,
+    st: &Settings,
+    kind: Kind,
+    sc: Scenario<'_>,
+    shared: Option<&str>,
+) -> Sample {
     let Scenario {
         queue_type,
         prefetch,
         concurrency,
     } = sc;
     let n = st.n;
-    let queue = support::unique("tp");
+    let queue = shared.map_or_else(|| support::unique("tp"), str::to_owned);
     let config = st.acemq_config(Kind::Acemq, &queue, queue_type, prefetch, concurrency);
-    broker.declare(&config).await;
+    if shared.is_none() {
+        broker.declare(&config).await;
+    }
     broker
         .publish_with(&queue, n, &[0x5a; BODY_LEN], st.props())
         .await;
@@ -608,7 +626,9 @@ async fn run_one(broker: &Broker, st: &Settings, kind: Kind, sc: Scenario<'_>) -
     let cpu = Cpu::now().since(cpu0);
     let b1 = broker_cpu();
     task.await.expect("consumer task");
-    broker.delete(&config).await;
+    if shared.is_none() {
+        broker.delete(&config).await;
+    }
 
     let per_msg = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
     Sample {
@@ -676,11 +696,28 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
             "round {round}: 1-min load average {:.2}",
             support::load_1min()
         );
+        // One queue for the round's consumers, when asked: the broker's
+        // placement of the queue's process is then the same for each.
+        let shared = st.shared_queue.then(|| {
+            let q = support::unique("tp");
+            let config = st.acemq_config(Kind::Acemq, &q, queue_type, prefetch, concurrency);
+            (q, config)
+        });
+        if let Some((_, config)) = &shared {
+            broker.declare(config).await;
+        }
         // Rotate the order so no consumer always runs first or last.
         for i in 0..active.len() {
             let idx = (i + round) % active.len();
             let kind = active[idx];
-            let s = run_one(broker, st, kind, sc).await;
+            let s = run_one(
+                broker,
+                st,
+                kind,
+                sc,
+                shared.as_ref().map(|(q, _)| q.as_str()),
+            )
+            .await;
             eprintln!(
                 "round {round} {:<26} {:>8.0} msgs/s {:>6.2} µs client CPU/msg {:>6} µs broker CPU/msg (load {:.2})",
                 kind.name(),
@@ -690,6 +727,9 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
                 s.load,
             );
             samples[idx].1.push(s);
+        }
+        if let Some((_, config)) = &shared {
+            broker.delete(config).await;
         }
     }
 
@@ -753,6 +793,52 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
         if matches!(kind, Kind::Acemq | Kind::AcemqAckOff) {
             lines.push(format!(
                 "{}: msgs/s ×{ref_letter} {}, ×m {}; client CPU ×{ref_letter} {}; broker CPU ×{ref_letter} {}",
+                kind.letter(),
+                cells[0],
+                cells[3],
+                cells[1],
+                cells[2],
+            ));
+        }
+    }
+    // The same ratios taken inside each round, then the median over rounds:
+    // a round whose broker ran in its slow mode for everyone cancels out.
+    let per_round = |v: &[Sample], r: Option<&(Kind, Vec<Sample>)>, f: fn(&Sample) -> f64| {
+        r.map_or(f64::NAN, |(_, r)| {
+            median(
+                &v.iter()
+                    .zip(r)
+                    .map(|(a, b)| f(a) / f(b))
+                    .collect::<Vec<_>>(),
+            )
+        })
+    };
+    println!(
+        "\nper-round ratios (each round's own, then the median over rounds{}):\n",
+        if st.shared_queue {
+            "; one queue per round, shared by its consumers"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "| consumer | msgs/s ×{ref_letter} | client CPU ×{ref_letter} | broker CPU ×{ref_letter} | msgs/s ×m | client CPU ×m | broker CPU ×m |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (kind, v) in &samples {
+        let cells = [
+            per_round(v, reference, |s| s.msgs_per_s),
+            per_round(v, reference, |s| s.cpu_us_per_msg),
+            per_round(v, reference, |s| s.broker_us_per_msg),
+            per_round(v, limit, |s| s.msgs_per_s),
+            per_round(v, limit, |s| s.cpu_us_per_msg),
+            per_round(v, limit, |s| s.broker_us_per_msg),
+        ];
+        let cells: Vec<String> = cells.iter().map(|x| fmt(*x, 3)).collect();
+        println!("| {} | {} |", kind.name(), cells.join(" | "));
+        if matches!(kind, Kind::Acemq | Kind::AcemqAckOff) {
+            lines.push(format!(
+                "{} per round: msgs/s ×{ref_letter} {}, ×m {}; client CPU ×{ref_letter} {}; broker CPU ×{ref_letter} {}",
                 kind.letter(),
                 cells[0],
                 cells[3],
