@@ -15,23 +15,8 @@ use crate::support::{all_queues, eventually, plain_config, unique, Broker, Queue
 /// `(pid, client_properties)` of every broker connection
 /// (`rabbitmqctl list_connections pid client_properties`).
 async fn connections() -> Vec<(String, String)> {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "pid",
-            "client_properties",
-        ])
-        .output()
+    crate::support::list_connections(&["pid", "client_properties"])
         .await
-        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl list_connections failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let (pid, props) = l.split_once('\t')?;

@@ -766,23 +766,8 @@ async fn the_drain_line_of_one_buffered_delivery_says_1_delivery_was_fetched() {
 /// The client-provided connection name of every broker connection whose
 /// `peer_port` is one of `ports` (`rabbitmqctl list_connections`).
 async fn connection_names(ports: &[u16]) -> Vec<String> {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "peer_port",
-            "client_properties",
-        ])
-        .output()
+    crate::support::list_connections(&["peer_port", "client_properties"])
         .await
-        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl list_connections failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let (port, props) = l.split_once('\t')?;

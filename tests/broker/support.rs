@@ -383,15 +383,12 @@ impl Broker {
 
 // ---- Helpers for the drain and process tests.
 
-/// Whether `rabbitmqctl list_connections client_properties` shows a
-/// connection whose client-provided name is `name`.
-pub async fn connection_listed(name: &str) -> bool {
+/// `rabbitmqctl list_connections -q --no-table-headers COLUMNS…`: one line
+/// per connection, the columns tab-separated.
+pub async fn list_connections(columns: &[&str]) -> String {
     let out = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "--no-table-headers",
-            "client_properties",
-        ])
+        .args(["list_connections", "-q", "--no-table-headers"])
+        .args(columns)
         .output()
         .await
         .expect("rabbitmqctl runs (the broker tests need it on PATH)");
@@ -400,7 +397,15 @@ pub async fn connection_listed(name: &str) -> bool {
         "rabbitmqctl list_connections failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).contains(&format!("\"{name}\""))
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether `rabbitmqctl list_connections client_properties` shows a
+/// connection whose client-provided name is `name`.
+pub async fn connection_listed(name: &str) -> bool {
+    list_connections(&["client_properties"])
+        .await
+        .contains(&format!("\"{name}\""))
 }
 
 // ---- Helpers for the reliability tests: logs, CPU time, the shop process.
