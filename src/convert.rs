@@ -151,6 +151,25 @@ pub fn delivery_from_lapin(
     queue: &Arc<str>,
     d: lapin::message::Delivery,
 ) -> (Delivery, lapin::Acker) {
+    convert_delivery(queue, d, None)
+}
+
+/// As [`delivery_from_lapin`], on a transport's generation: the delivery is
+/// built with `lifeline` (not given one afterwards, which would touch the
+/// never-lost one's count and the shared part again, per delivery).
+pub(crate) fn delivery_from_lapin_on(
+    queue: &Arc<str>,
+    d: lapin::message::Delivery,
+    lifeline: &acemq_layers::Lifeline,
+) -> (Delivery, lapin::Acker) {
+    convert_delivery(queue, d, Some(lifeline.clone()))
+}
+
+fn convert_delivery(
+    queue: &Arc<str>,
+    d: lapin::message::Delivery,
+    lifeline: Option<acemq_layers::Lifeline>,
+) -> (Delivery, lapin::Acker) {
     let headers = d
         .properties
         .headers()
@@ -165,7 +184,11 @@ pub fn delivery_from_lapin(
         .exchange(String::from(d.exchange))
         .routing_key(String::from(d.routing_key))
         .delivery_tag(d.delivery_tag)
-        .redelivered(d.redelivered)
-        .build();
+        .redelivered(d.redelivered);
+    let delivery = match lifeline {
+        Some(l) => delivery.lifeline(l),
+        None => delivery,
+    }
+    .build();
     (delivery, d.acker)
 }

@@ -128,7 +128,7 @@ use tracing::{debug, warn};
 use crate::config::AckBatch;
 use crate::consumer::ledger::{Bounds, Ledger, Op, Outcome};
 use crate::consumer::send_op;
-use crate::convert::delivery_from_lapin;
+use crate::convert::delivery_from_lapin_on;
 
 /// How often the settler looks at its channel's status while deliveries
 /// are outstanding, so a channel lost while nothing settles is known (and
@@ -365,10 +365,10 @@ impl Settler {
         if previous != 0 && tag != previous + 1 {
             warn!(queue = %self.shared.queue, delivery_tag = tag, previous, "delivery tags tracked out of sequence: every delivery of the channel must be tracked, in arrival order, by its one settler (no second consumer or basic_get on the channel, no auto-recovery); otherwise a multiple ack may settle a delivery nobody decided");
         }
-        let (mut converted, acker) = delivery_from_lapin(&self.shared.queue, delivery);
+        let (converted, acker) =
+            delivery_from_lapin_on(&self.shared.queue, delivery, &self.shared.lifeline);
         // Never used: a `multiple` ack would not poison it.
         drop(acker);
-        converted.set_lifeline(self.shared.lifeline.clone());
         Shared::add(&self.shared.tracked, 1);
         Shared::add(&self.shared.outstanding, 1);
         // A closed settler's ticket says so when settled.

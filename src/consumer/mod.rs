@@ -51,7 +51,7 @@ use tower::Service;
 use tracing::{debug, warn, Instrument};
 
 use crate::config::PrefetchPolicy;
-use crate::convert::delivery_from_lapin;
+use crate::convert::delivery_from_lapin_on;
 use ledger::{Bounds, Ledger, Op, Outcome};
 
 /// Per-queue counters shared by the loops of every generation, the drain
@@ -618,8 +618,7 @@ where
 {
     let tag = raw.delivery_tag;
     let span = crate::span::process_span(queue, &raw);
-    let (mut delivery, _acker) = span.in_scope(|| delivery_from_lapin(queue, raw));
-    delivery.set_lifeline(lifeline.clone());
+    let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
     crate::span::record_delivery(&span, &delivery);
     let started = Instant::now();
     let fut = span.in_scope(|| service.call(delivery));
