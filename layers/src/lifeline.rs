@@ -3,8 +3,12 @@
 //! [`Lifeline`] that says whether the channel the delivery came on is gone.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use futures::future::{self, Either};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 use tokio_util::sync::{
     CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
 };
@@ -36,14 +40,67 @@ use tokio_util::sync::{
 /// ```
 #[derive(Clone)]
 pub struct Cancellation {
-    token: Arc<CancellationToken>,
+    shared: Arc<Shared>,
+}
+
+/// What every view of one token shares.
+///
+/// Waiting on a tokio-util token costs a lock to clone it, one to ask
+/// whether it fired, one to register and one to deregister the waiter, one
+/// to drop the clone. The cancellation layer waits on every handler that
+/// returns `Pending`, so it waits on `waiters` instead: one `Notify` lock to
+/// register and one to deregister. A watcher task, spawned once per token
+/// by the first such wait, turns the token's cancellation into `fired` and
+/// a wake-up of every waiter (see [`Cancellation::waiter`]).
+struct Shared {
+    token: CancellationToken,
+    flags: Arc<Flags>,
+    waiters: Arc<Notify>,
+    // Tells the watcher that every view is gone (its permit is kept if the
+    // watcher is not waiting yet).
+    gone: Arc<Notify>,
+}
+
+struct Flags {
+    // Set by the watcher once the token is cancelled, before it wakes the
+    // waiters.
+    fired: AtomicBool,
+    // Whether a watcher is running (cleared if its runtime drops it before
+    // the token fired, so the next wait spawns another).
+    watching: AtomicBool,
+}
+
+/// Clears `watching` when a watcher ends without having fired (its runtime
+/// shut down).
+struct Watching(Arc<Flags>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if !self.0.fired.load(Ordering::Acquire) {
+            self.0.watching.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.gone.notify_one();
+    }
 }
 
 impl Cancellation {
     /// A view of `token`.
     pub fn new(token: CancellationToken) -> Self {
         Cancellation {
-            token: Arc::new(token),
+            shared: Arc::new(Shared {
+                token,
+                flags: Arc::new(Flags {
+                    fired: AtomicBool::new(false),
+                    watching: AtomicBool::new(false),
+                }),
+                waiters: Arc::new(Notify::new()),
+                gone: Arc::new(Notify::new()),
+            }),
         }
     }
 
@@ -60,7 +117,7 @@ impl Cancellation {
 
     /// Whether cancellation was requested.
     pub fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
+        self.shared.token.is_cancelled()
     }
 
     /// Resolves when cancellation is requested.
@@ -69,19 +126,58 @@ impl Cancellation {
     ///
     /// Cancellation safe: dropping the future loses nothing.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
+        self.shared.token.cancelled()
     }
 
     /// As [`cancelled`](Self::cancelled), owning what it needs (a `'static`
     /// future to move into a task).
     pub fn cancelled_owned(&self) -> WaitForCancellationFutureOwned {
-        (*self.token).clone().cancelled_owned()
+        self.shared.token.clone().cancelled_owned()
     }
 
     /// A token of your own that is cancelled when this one is: cancel it to
     /// stop your own sub-tasks; that reaches nothing else.
     pub fn child_token(&self) -> CancellationToken {
-        self.token.child_token()
+        self.shared.token.child_token()
+    }
+
+    /// A cheap wait for the cancellation, for the cancellation layer: a
+    /// future that completes once [`fired`](Self::fired) is true (poll it
+    /// only while `fired` is false: it is created before that check, so a
+    /// cancellation in between is not missed). `None` outside a tokio
+    /// runtime, where the watcher cannot be spawned: wait with
+    /// [`cancelled_owned`](Self::cancelled_owned) there.
+    pub(crate) fn waiter(&self) -> Option<OwnedNotified> {
+        let shared = &*self.shared;
+        if !shared.flags.watching.load(Ordering::Acquire) {
+            let handle = tokio::runtime::Handle::try_current().ok()?;
+            if shared
+                .flags
+                .watching
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let token = shared.token.clone();
+                let watching = Watching(shared.flags.clone());
+                let waiters = shared.waiters.clone();
+                let gone = shared.gone.clone();
+                handle.spawn(async move {
+                    let cancelled = std::pin::pin!(token.cancelled());
+                    let gone = std::pin::pin!(gone.notified());
+                    if let Either::Left(_) = future::select(cancelled, gone).await {
+                        watching.0.fired.store(true, Ordering::Release);
+                        waiters.notify_waiters();
+                    }
+                });
+            }
+        }
+        Some(shared.waiters.clone().notified_owned())
+    }
+
+    /// Whether the watcher saw the cancellation (see
+    /// [`waiter`](Self::waiter)); one atomic load.
+    pub(crate) fn fired(&self) -> bool {
+        self.shared.flags.fired.load(Ordering::Acquire)
     }
 }
 

@@ -260,3 +260,121 @@ async fn a_panic_in_the_handlers_call_is_an_error_classified_as_panic() {
         "handler panicked: boom before the future: orders"
     );
 }
+
+/// A handler that never finishes and ignores its token.
+fn ignoring(_d: Delivery) -> std::future::Pending<Result<(), std::io::Error>> {
+    std::future::pending()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_handlers_that_ignore_their_token_on_two_threads_are_all_abandoned_after_the_cancel(
+) {
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()).abandon_after(Duration::from_millis(200)))
+        .service_fn(ignoring);
+    let tasks: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(svc.clone().oneshot(delivery())))
+        .collect();
+    // Every one of them is waiting (none can finish on its own).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+
+    let cancelled_at = std::time::Instant::now();
+    root.cancel();
+    for t in tasks {
+        let decision = tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("abandoned within 10 s of the cancel")
+            .unwrap()
+            .unwrap();
+        assert_eq!(decision, Decision::Abandoned);
+    }
+    assert!(
+        cancelled_at.elapsed() >= Duration::from_millis(200),
+        "not before abandon_after: {:?}",
+        cancelled_at.elapsed()
+    );
+}
+
+#[test]
+fn a_layer_moved_to_a_new_runtime_still_abandons_once_its_first_runtime_is_gone() {
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()).abandon_after(Duration::from_millis(100)))
+        .service_fn(ignoring);
+    let rt = |paused: bool| {
+        let mut b = tokio::runtime::Builder::new_current_thread();
+        b.enable_all();
+        if paused {
+            b.start_paused(true);
+        }
+        b.build().unwrap()
+    };
+    // A first runtime: a handler waits (the layer's watcher starts there),
+    // then the runtime is dropped with it.
+    let first = rt(false);
+    let s = svc.clone();
+    first.block_on(async move {
+        let waiting = tokio::spawn(s.oneshot(delivery()));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+    });
+    drop(first);
+
+    // In a second runtime, the cancel still reaches a waiting handler.
+    rt(true).block_on(async move {
+        let task = tokio::spawn(svc.oneshot(delivery()));
+        tokio::task::yield_now().await;
+        let start = Instant::now();
+        root.cancel();
+        let decision = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("abandoned within a minute of the cancel (on tokio's paused clock)");
+        assert_eq!(decision.unwrap().unwrap(), Decision::Abandoned);
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+    });
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_layers_watcher_task_ends_once_the_layer_and_its_requests_are_gone() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(ignoring);
+    {
+        let mut fut = std::pin::pin!(svc.clone().oneshot(delivery()));
+        assert!(futures::poll!(fut.as_mut()).is_pending());
+        tokio::task::yield_now().await;
+        assert_eq!(metrics.num_alive_tasks(), 1, "the watcher runs");
+    }
+    drop(svc);
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() > 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the watcher still runs 5 s after the layer went"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(!root.is_cancelled());
+}
+
+#[test]
+fn outside_a_tokio_runtime_a_listening_handler_is_handed_back_on_cancel() {
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()))
+        .service_fn(listening);
+    let canceller = {
+        let root = root.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            root.cancel();
+        })
+    };
+    let decision = futures::executor::block_on(svc.oneshot(delivery())).unwrap();
+    canceller.join().unwrap();
+    assert_eq!(decision, Decision::HandBack);
+}

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Sleep;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
@@ -56,10 +57,17 @@ pin_project! {
     enum Watch {
         // No interest registered yet: the handler has not returned `Pending`.
         Idle,
-        // Waiting for the delivery's token to be cancelled.
-        Token {
+        // Waiting for the watcher to see the token cancelled (created
+        // before `fired` was checked: a cancellation in between is kept).
+        Signal {
             #[pin]
-            cancelled: WaitForCancellationFutureOwned,
+            notified: OwnedNotified,
+            // Polled before: the handler woke for its own reasons.
+            again: bool,
+        },
+        // Outside a tokio runtime: waiting on the token itself (boxed: rare).
+        Token {
+            cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
         },
         // Cancelled: the grace period runs (boxed: only after a cancel).
         Grace {
@@ -140,12 +148,31 @@ where
         // end of the grace period.
         loop {
             match this.watch.as_mut().project() {
-                WatchProj::Idle => {
-                    let cancelled = this.child.cancelled_owned();
-                    this.watch.set(Watch::Token { cancelled });
+                WatchProj::Idle => match this.child.waiter() {
+                    Some(notified) => this.watch.set(Watch::Signal {
+                        notified,
+                        again: false,
+                    }),
+                    None => {
+                        let cancelled = Box::pin(this.child.cancelled_owned());
+                        this.watch.set(Watch::Token { cancelled });
+                    }
+                },
+                WatchProj::Signal { notified, again } => {
+                    // The watcher says so a task switch after the cancel; a
+                    // handler polled again (it woke for its own reasons)
+                    // asks the token itself, so the grace period starts at
+                    // the first poll that can see the cancellation.
+                    let seen = this.child.fired() || (*again && this.child.is_cancelled());
+                    if !seen {
+                        *again = true;
+                        std::task::ready!(notified.poll(cx));
+                    }
+                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
+                    this.watch.set(Watch::Grace { sleep });
                 }
                 WatchProj::Token { cancelled } => {
-                    std::task::ready!(cancelled.poll(cx));
+                    std::task::ready!(cancelled.as_mut().poll(cx));
                     let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
                     this.watch.set(Watch::Grace { sleep });
                 }
@@ -168,7 +195,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         };
         let watch = match &self.watch {
             Watch::Idle => "idle",
-            Watch::Token { .. } => "watching the token",
+            Watch::Signal { .. } | Watch::Token { .. } => "watching the token",
             Watch::Grace { .. } => "grace period",
         };
         f.debug_struct("ResponseFuture")

@@ -30,9 +30,16 @@
 //!
 //! - The layer registers interest in the token only once the handler's
 //!   future has returned `Pending`: a handler that finishes in its first poll
-//!   costs no waiter and no timer.
-//! - The grace period starts when the layer sees the cancellation (it is
-//!   woken by it at once), and is measured on tokio's clock.
+//!   costs no waiter and no timer. A handler that waits costs one waiter on a
+//!   `Notify` the layer's views share (two uncontended locks), not one on the
+//!   tokio-util token (five). The first such wait in a tokio runtime spawns
+//!   one small task per layer that turns the token's cancellation into a
+//!   wake-up of every waiter; it ends when the token fires or the layer and
+//!   its requests are gone, and a runtime that drops it gets another on its
+//!   next wait. Outside a tokio runtime the layer waits on the token itself.
+//! - The grace period starts when the layer sees the cancellation (woken
+//!   by the watcher a task switch after the cancel, or polled again), and is
+//!   measured on tokio's clock.
 //! - A handler that listens to its token (`token().cancelled()` in a
 //!   `select!`) and returns early ends with `HandBack` (on an error) or `Ack`
 //!   (on `Ok`): both settle the delivery as the handler meant.
