@@ -16,6 +16,9 @@ use super::future::WaitIdle;
 #[derive(Clone)]
 pub struct InFlightCounter {
     pub(crate) shared: Arc<Shared>,
+    // The per-queue slots (apart from `Shared`, which every slot points
+    // to: a guard holds its slot alone, one reference count per delivery).
+    queues: Arc<Mutex<Vec<Arc<Slot>>>>,
 }
 
 pub(crate) struct Shared {
@@ -24,13 +27,13 @@ pub(crate) struct Shared {
     /// Live `WaitIdle` futures: the last guard only touches the `Notify`
     /// (which takes a lock) when someone waits.
     pub(crate) waiters: AtomicUsize,
-    queues: Mutex<Vec<Arc<Slot>>>,
 }
 
 /// The count of one queue.
 pub(crate) struct Slot {
     pub(crate) queue: Arc<str>,
     count: AtomicUsize,
+    shared: Arc<Shared>,
 }
 
 impl Slot {
@@ -48,8 +51,8 @@ impl InFlightCounter {
                 total: AtomicUsize::new(0),
                 idle: Arc::new(Notify::new()),
                 waiters: AtomicUsize::new(0),
-                queues: Mutex::new(Vec::new()),
             }),
+            queues: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -105,6 +108,7 @@ impl InFlightCounter {
         let slot = Arc::new(Slot {
             queue: queue.clone(),
             count: AtomicUsize::new(0),
+            shared: self.shared.clone(),
         });
         queues.push(slot.clone());
         slot
@@ -113,10 +117,7 @@ impl InFlightCounter {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
         // The registry is only pushed to; a panic elsewhere cannot leave it
         // inconsistent, so a poisoned lock is still good.
-        self.shared
-            .queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -146,25 +147,25 @@ impl fmt::Debug for Slot {
 
 /// One delivery in flight: counted on creation, uncounted on drop.
 pub(crate) struct Guard {
-    shared: Arc<Shared>,
     slot: Arc<Slot>,
 }
 
 impl Guard {
-    pub(crate) fn new(shared: Arc<Shared>, slot: Arc<Slot>) -> Self {
+    pub(crate) fn new(slot: Arc<Slot>) -> Self {
         slot.count.fetch_add(1, Ordering::AcqRel);
-        shared.total.fetch_add(1, Ordering::AcqRel);
-        Guard { shared, slot }
+        slot.shared.total.fetch_add(1, Ordering::AcqRel);
+        Guard { slot }
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        let shared = &self.slot.shared;
         self.slot.count.fetch_sub(1, Ordering::AcqRel);
-        if self.shared.total.fetch_sub(1, Ordering::SeqCst) == 1
-            && self.shared.waiters.load(Ordering::SeqCst) > 0
+        if shared.total.fetch_sub(1, Ordering::SeqCst) == 1
+            && shared.waiters.load(Ordering::SeqCst) > 0
         {
-            self.shared.idle.notify_waiters();
+            shared.idle.notify_waiters();
         }
     }
 }

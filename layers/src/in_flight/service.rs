@@ -80,7 +80,7 @@ where
     fn call(&mut self, req: Delivery) -> Self::Future {
         let slot = self.slot(req.queue_arc());
         // Counted before the inner `call` runs: a panic in it uncounts.
-        let guard = Guard::new(self.counter.shared.clone(), slot);
+        let guard = Guard::new(slot);
         ResponseFuture::new(self.inner.call(req), guard)
     }
 }
