@@ -200,6 +200,10 @@ pub(crate) struct Parts<'a, P> {
     pub(crate) draining: CancellationToken,
     pub(crate) cancel: CancellationToken,
     pub(crate) abandon_after: Duration,
+    /// The consumer loop wakes every running request when it cancels
+    /// `cancel` (`CancelLayer::woken_by_transport`); the test harness,
+    /// which has no loop, leaves the layer to wake itself.
+    pub(crate) woken_by_loop: bool,
 }
 
 /// Turns the inner stack's decision into the [`Outcome`] outer layers see.
@@ -262,7 +266,14 @@ where
             RetryLayer::new(policy, parts.publisher, parts.draining)
                 .classifier(stack.classifier.clone()),
         )
-        .layer(CancelLayer::new(parts.cancel).abandon_after(parts.abandon_after))
+        .layer({
+            let layer = CancelLayer::new(parts.cancel).abandon_after(parts.abandon_after);
+            if parts.woken_by_loop {
+                layer.woken_by_transport()
+            } else {
+                layer
+            }
+        })
         .service(stack.inner.layer(handler));
     let outer = stack
         .outer

@@ -352,6 +352,7 @@ impl TestQueue {
                 draining: draining.clone(),
                 cancel: cancel.clone(),
                 abandon_after: ABANDON_AFTER,
+                woken_by_loop: false,
             },
             &stack,
             handler,

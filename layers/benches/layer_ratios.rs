@@ -160,12 +160,13 @@ fn run_group(
     }
 }
 
-const LABELS: [(&str, &str); 8] = [
+const LABELS: [(&str, &str); 9] = [
     ("bare", "bare service_fn"),
     ("yardstick", "yardstick: tower ConcurrencyLimit"),
     ("in_flight", "in-flight"),
     ("pause_open", "pause (open)"),
-    ("cancel", "cancel"),
+    ("cancel", "cancel (woken by the loop, as App runs it)"),
+    ("cancel_self_waking", "cancel (waking itself)"),
     ("retry", "retry (success)"),
     ("dead_letter", "dead-letter (success)"),
     ("full_stack", "full stack (all five)"),

@@ -68,6 +68,7 @@ async fn handle_yielding(d: Delivery) -> Result<(), BoxError> {
 macro_rules! whole_stack {
     ($handler:expr) => {
         ServiceBuilder::new()
+            .map_future(acemq_layers::cancel::Wakeable::new)
             .layer(PauseLayer::new(PauseHandle::new()))
             .layer(InFlightLayer::new(InFlightCounter::new()))
             .layer(DeadLetterLayer::new(NoopPublish))
@@ -76,7 +77,7 @@ macro_rules! whole_stack {
                 NoopPublish,
                 CancellationToken::new(),
             ))
-            .layer(CancelLayer::new(CancellationToken::new()))
+            .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
             .service_fn($handler)
     };
 }
@@ -153,6 +154,19 @@ async fn each_layer() {
             .service_fn(handle),
     )
     .await;
+    let cancel_waiting = allocations_per_delivery(
+        ServiceBuilder::new()
+            .layer(CancelLayer::new(CancellationToken::new()))
+            .service_fn(handle_yielding),
+    )
+    .await;
+    let cancel_woken = allocations_per_delivery(
+        ServiceBuilder::new()
+            .map_future(acemq_layers::cancel::Wakeable::new)
+            .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+            .service_fn(handle_yielding),
+    )
+    .await;
     let retry = allocations_per_delivery(
         ServiceBuilder::new()
             .layer(RetryLayer::new(
@@ -177,6 +191,8 @@ async fn each_layer() {
         ("in-flight", in_flight, 0.0),
         ("pause (open)", pause, 0.0),
         ("cancel", cancel, 0.0),
+        ("cancel, yields once", cancel_waiting, 0.0),
+        ("cancel woken, yields", cancel_woken, 0.0),
         ("retry (success)", retry, 0.0),
         ("dead-letter (success)", dead_letter, 0.0),
         ("full stack", full, 0.0),

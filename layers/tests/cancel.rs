@@ -378,3 +378,66 @@ fn outside_a_tokio_runtime_a_listening_handler_is_handed_back_on_cancel() {
     canceller.join().unwrap();
     assert_eq!(decision, Decision::HandBack);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn woken_by_its_transport_a_handler_that_ignores_its_token_is_abandoned_after_the_grace() {
+    use acemq_layers::cancel::Wakeable;
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let root = CancellationToken::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            CancelLayer::new(root.clone())
+                .abandon_after(Duration::from_secs(2))
+                .woken_by_transport(),
+        )
+        .service_fn(ignoring);
+    // A transport: each request wrapped, all polled through one set (which
+    // polls a request only when it was woken).
+    let mut running = FuturesUnordered::new();
+    running.push(Wakeable::new(svc.ready().await.unwrap().call(delivery())));
+    assert!(futures::poll!(running.next()).is_pending());
+
+    // The root is cancelled, but nothing wakes the request: its layer
+    // registered no waiter, so no grace period starts.
+    root.cancel();
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(futures::poll!(running.next()).is_pending());
+
+    // The transport wakes what runs; a request it starts after that is
+    // wrapped to wake itself.
+    let start = Instant::now();
+    for r in std::pin::Pin::new(&mut running).iter_pin_mut() {
+        r.wake();
+    }
+    running.push(Wakeable::after_cancel(
+        svc.ready().await.unwrap().call(delivery()),
+    ));
+    let decisions: Vec<_> = tokio::time::timeout(Duration::from_secs(60), running.collect())
+        .await
+        .expect("both abandoned within a minute of the wake (tokio's paused clock)");
+    assert_eq!(decisions.len(), 2);
+    for d in decisions {
+        assert_eq!(d.unwrap(), Decision::Abandoned);
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn woken_by_its_transport_the_layer_registers_nothing_and_a_listening_handler_is_handed_back()
+{
+    use acemq_layers::cancel::Wakeable;
+    let root = CancellationToken::new();
+    let svc = ServiceBuilder::new()
+        .layer(CancelLayer::new(root.clone()).woken_by_transport())
+        .service_fn(listening);
+    let task = tokio::spawn(Wakeable::new(svc.oneshot(delivery())));
+    tokio::task::yield_now().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        1,
+        "no watcher task: the layer registers nothing of its own"
+    );
+    root.cancel();
+    assert_eq!(task.await.unwrap().unwrap(), Decision::HandBack);
+}

@@ -348,6 +348,7 @@ impl App {
                     draining: sh.draining.clone(),
                     cancel: ctx.cancel.clone(),
                     abandon_after: sh.config.abandon_after,
+                    woken_by_loop: true,
                 },
                 stack,
                 handler.clone(),

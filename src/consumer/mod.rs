@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use acemq_layers::cancel::Wakeable;
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -414,11 +415,17 @@ where
         };
         let mut handlers = FuturesUnordered::new();
         let mut settles = FuturesUnordered::new();
+        // The handlers' cancellation: the stack's cancel layer registers no
+        // waiter (woken_by_transport), the loop wakes every running handler
+        // when it fires, and a handler started after it wakes itself once.
+        let cancel_seen = st.cancel.clone();
+        let handlers_cancelled = cancel_seen.cancelled();
+        let mut cancel_woken = false;
         let stop = intake.cancelled();
         let cancel_answered = stats.consumer_cancelled.cancelled();
         let timer = tokio::time::sleep(bounds.delay);
         let mut timer_armed = false;
-        tokio::pin!(stop, cancel_answered, timer);
+        tokio::pin!(stop, cancel_answered, timer, handlers_cancelled);
 
         poll_fn(|cx| {
             let mut budget = POLL_BUDGET;
@@ -440,6 +447,11 @@ where
                     st.stats
                         .buffered_after_cancel
                         .fetch_add(st.buffer.len(), Ordering::Relaxed);
+                }
+                if !cancel_woken && handlers_cancelled.as_mut().poll(cx).is_ready() {
+                    cancel_woken = true;
+                    wake_all(&mut handlers);
+                    progressed = true;
                 }
                 // Intake: read eagerly, so a lost channel is seen at once.
                 while st.reading {
@@ -465,7 +477,11 @@ where
                 }
                 // Start what may start.
                 while let Poll::Ready(Some(fut)) = st.poll_start(cx) {
-                    handlers.push(fut);
+                    handlers.push(if cancel_woken {
+                        Wakeable::after_cancel(fut)
+                    } else {
+                        Wakeable::new(fut)
+                    });
                     progressed = true;
                 }
                 // Flush what the bounds allow.
@@ -539,6 +555,14 @@ where
             .await;
         }
         debug!(queue = %queue, "consumer loop finished");
+    }
+}
+
+/// Wakes every running handler: the loop cancelled their token, so their
+/// cancel layers see it at their next poll.
+fn wake_all<F: Future>(handlers: &mut FuturesUnordered<Wakeable<F>>) {
+    for handler in std::pin::Pin::new(handlers).iter_pin_mut() {
+        handler.wake();
     }
 }
 

@@ -71,9 +71,11 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 /// Every case around `$handler`, in order: bare, the yardstick (tower's
 /// `ConcurrencyLimit`), each layer alone, and the full stack as
 /// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
-/// → cancel).
+/// → cancel, the cancel layer woken by the loop, which wraps each request
+/// in a `Wakeable`).
 macro_rules! each_case {
     ($visit:expr, $handler:expr, $unit:expr) => {{
+        use acemq_layers::cancel::Wakeable;
         use acemq_layers::{
             CancelLayer, DeadLetterLayer, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer,
             RetryLayer,
@@ -103,8 +105,19 @@ macro_rules! each_case {
                 .layer(PauseLayer::new(PauseHandle::new()))
                 .service_fn($handler),
         );
+        // As acemq's consumer loop runs it: woken by its transport, each
+        // request's future wrapped in a `Wakeable` (its cost counted here).
         v.case(
             "cancel",
+            ServiceBuilder::new()
+                .map_future(Wakeable::new)
+                .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+                .service_fn($unit),
+        );
+        // The layer's default: it wakes itself (a waiter per request that
+        // waits).
+        v.case(
+            "cancel_self_waking",
             ServiceBuilder::new()
                 .layer(CancelLayer::new(CancellationToken::new()))
                 .service_fn($unit),
@@ -128,6 +141,7 @@ macro_rules! each_case {
         v.case(
             "full_stack",
             ServiceBuilder::new()
+                .map_future(Wakeable::new)
                 .layer(PauseLayer::new(PauseHandle::new()))
                 .layer(InFlightLayer::new(InFlightCounter::new()))
                 .layer(DeadLetterLayer::new(NoopPublish))
@@ -136,7 +150,7 @@ macro_rules! each_case {
                     NoopPublish,
                     CancellationToken::new(),
                 ))
-                .layer(CancelLayer::new(CancellationToken::new()))
+                .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
                 .service_fn($unit),
         );
     }};

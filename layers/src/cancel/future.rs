@@ -34,6 +34,9 @@ pin_project! {
         child: Cancellation,
         abandon_after: Duration,
         attempt: u32,
+        // Whether the layer registers its own wake-up for the cancellation
+        // (else the transport wakes it: `CancelLayer::woken_by_transport`).
+        self_waking: bool,
     }
 }
 
@@ -57,6 +60,9 @@ pin_project! {
     enum Watch {
         // No interest registered yet: the handler has not returned `Pending`.
         Idle,
+        // Woken by the transport on cancellation: no waiter registered; a
+        // poll asks the token.
+        Passive,
         // Waiting for the watcher to see the token cancelled (created
         // before `fired` was checked: a cancellation in between is kept).
         Signal {
@@ -77,13 +83,20 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(fut: F, child: Cancellation, abandon_after: Duration, attempt: u32) -> Self {
+    pub(crate) fn new(
+        fut: F,
+        child: Cancellation,
+        abandon_after: Duration,
+        attempt: u32,
+        self_waking: bool,
+    ) -> Self {
         ResponseFuture {
             handler: Handler::Running { fut },
             watch: Watch::Idle,
             child,
             abandon_after,
             attempt,
+            self_waking,
         }
     }
 
@@ -100,6 +113,7 @@ impl<F> ResponseFuture<F> {
             child,
             abandon_after,
             attempt: 1,
+            self_waking: true,
         }
     }
 }
@@ -148,6 +162,20 @@ where
         // end of the grace period.
         loop {
             match this.watch.as_mut().project() {
+                // The first `Pending`: the transport wakes this future when
+                // the token is cancelled, and for a request started after
+                // that, at once (see `Wakeable`).
+                WatchProj::Idle if !*this.self_waking => {
+                    this.watch.set(Watch::Passive);
+                    return Poll::Pending;
+                }
+                WatchProj::Passive => {
+                    if !this.child.is_cancelled() {
+                        return Poll::Pending;
+                    }
+                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
+                    this.watch.set(Watch::Grace { sleep });
+                }
                 WatchProj::Idle => match this.child.waiter() {
                     Some(notified) => this.watch.set(Watch::Signal {
                         notified,
@@ -195,6 +223,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         };
         let watch = match &self.watch {
             Watch::Idle => "idle",
+            Watch::Passive => "woken by the transport",
             Watch::Signal { .. } | Watch::Token { .. } => "watching the token",
             Watch::Grace { .. } => "grace period",
         };
@@ -204,5 +233,86 @@ impl<F> fmt::Debug for ResponseFuture<F> {
             .field("cancelled", &self.child.is_cancelled())
             .field("abandon_after", &self.abandon_after)
             .finish()
+    }
+}
+
+pin_project! {
+    /// A transport's wrapper around each request's future when the
+    /// cancellation layer is [`woken_by_transport`](super::CancelLayer::woken_by_transport):
+    /// it keeps the waker of its last `Pending` poll, so the transport can
+    /// [`wake`](Self::wake) every running request when it cancels their
+    /// root token (acemq's consumer loop does). A request started after
+    /// that is made with [`after_cancel`](Self::after_cancel): it wakes
+    /// itself once after its first `Pending`, so its layer sees the
+    /// cancellation too.
+    ///
+    /// Costs a waker clone per request that waits (no lock, nothing shared).
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct Wakeable<F> {
+        #[pin]
+        fut: F,
+        waker: Option<std::task::Waker>,
+        nudge: bool,
+    }
+}
+
+impl<F> Wakeable<F> {
+    /// Wraps a request started before its root token was cancelled.
+    pub fn new(fut: F) -> Self {
+        Wakeable {
+            fut,
+            waker: None,
+            nudge: false,
+        }
+    }
+
+    /// Wraps a request started once its root token was cancelled (and the
+    /// transport has woken the others).
+    pub fn after_cancel(fut: F) -> Self {
+        Wakeable {
+            fut,
+            waker: None,
+            nudge: true,
+        }
+    }
+
+    /// Wakes the request if it is waiting: its next poll sees the
+    /// cancellation.
+    pub fn wake(self: Pin<&mut Self>) {
+        if let Some(waker) = self.project().waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+impl<F: Future> Future for Wakeable<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        match this.fut.poll(cx) {
+            Poll::Ready(out) => {
+                *this.waker = None;
+                Poll::Ready(out)
+            }
+            Poll::Pending => {
+                if std::mem::take(this.nudge) {
+                    cx.waker().wake_by_ref();
+                }
+                match this.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *this.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for Wakeable<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wakeable")
+            .field("waiting", &self.waker.is_some())
+            .finish_non_exhaustive()
     }
 }

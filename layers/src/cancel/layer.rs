@@ -15,6 +15,7 @@ pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(5);
 pub struct CancelLayer {
     root: CancellationToken,
     abandon_after: Duration,
+    self_waking: bool,
 }
 
 impl CancelLayer {
@@ -24,7 +25,27 @@ impl CancelLayer {
         CancelLayer {
             root,
             abandon_after: DEFAULT_ABANDON_AFTER,
+            self_waking: true,
         }
+    }
+
+    /// For a transport that wakes every running request itself when it
+    /// cancels the root: the layer then registers no waiter per request
+    /// (the cheapest path; acemq's consumer loop runs it so).
+    ///
+    /// The transport must wrap each request's future in a
+    /// [`Wakeable`](super::future::Wakeable), call
+    /// [`Wakeable::wake`](super::future::Wakeable::wake) on every running
+    /// one when it cancels the root, and wrap a request it starts after
+    /// that with [`Wakeable::after_cancel`](super::future::Wakeable::after_cancel),
+    /// and it must poll them in its own task (not through a layer that
+    /// moves them to another task, such as `tower::buffer`). Otherwise a
+    /// handler that ignores its token and never wakes is never abandoned:
+    /// leave this off, and the layer wakes itself (one waiter on a shared
+    /// `Notify` per request that waits).
+    pub const fn woken_by_transport(mut self) -> Self {
+        self.self_waking = false;
+        self
     }
 
     /// How long a handler may run on after its token is cancelled before
@@ -39,6 +60,11 @@ impl<S> Layer<S> for CancelLayer {
     type Service = Cancel<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Cancel::new(inner, self.root.clone()).abandon_after(self.abandon_after)
+        let svc = Cancel::new(inner, self.root.clone()).abandon_after(self.abandon_after);
+        if self.self_waking {
+            svc
+        } else {
+            svc.woken_by_transport()
+        }
     }
 }

@@ -77,6 +77,7 @@ pub mod future;
 mod layer;
 mod service;
 
+pub use future::Wakeable;
 pub use layer::{CancelLayer, DEFAULT_ABANDON_AFTER};
 pub use service::Cancel;
 

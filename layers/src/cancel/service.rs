@@ -25,6 +25,7 @@ pub struct Cancel<S> {
     // a request costs no allocation and no lock here.
     view: Cancellation,
     abandon_after: Duration,
+    self_waking: bool,
 }
 
 impl<S> Cancel<S> {
@@ -35,7 +36,17 @@ impl<S> Cancel<S> {
             inner,
             view: Cancellation::new(root),
             abandon_after: DEFAULT_ABANDON_AFTER,
+            self_waking: true,
         }
+    }
+
+    /// The transport wakes every running request when it cancels the root
+    /// (wrapping each in a [`Wakeable`](super::future::Wakeable)), so the
+    /// layer registers no waiter of its own; see
+    /// [`CancelLayer::woken_by_transport`].
+    pub fn woken_by_transport(mut self) -> Self {
+        self.self_waking = false;
+        self
     }
 
     /// How long a handler may run on after its token is cancelled before it
@@ -86,7 +97,9 @@ where
         req.set_token(token.clone());
         // A handler may panic before it returns its future, too.
         match panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
-            Ok(fut) => ResponseFuture::new(fut, token, self.abandon_after, attempt),
+            Ok(fut) => {
+                ResponseFuture::new(fut, token, self.abandon_after, attempt, self.self_waking)
+            }
             Err(payload) => ResponseFuture::panicked(&*payload, token, self.abandon_after),
         }
     }
@@ -98,6 +111,7 @@ impl<S: fmt::Debug> fmt::Debug for Cancel<S> {
             .field("inner", &self.inner)
             .field("token", &self.view)
             .field("abandon_after", &self.abandon_after)
+            .field("self_waking", &self.self_waking)
             .finish()
     }
 }
