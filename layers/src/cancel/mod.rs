@@ -37,6 +37,10 @@
 //!   wake-up of every waiter; it ends when the token fires or the layer and
 //!   its requests are gone, and a runtime that drops it gets another on its
 //!   next wait. Outside a tokio runtime the layer waits on the token itself.
+//! - [`CancelLayer::woken_by_transport`] leaves the waking to the transport
+//!   (acemq's consumer loop): the layer registers nothing, the transport
+//!   wraps each request's future in a [`Wakeable`] and wakes them all when
+//!   it cancels the root.
 //! - The grace period starts when the layer sees the cancellation (woken
 //!   by the watcher a task switch after the cancel, or polled again), and is
 //!   measured on tokio's clock.
