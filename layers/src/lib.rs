@@ -14,7 +14,7 @@
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
 //! | [`redelivery`] | dead-letters a message redelivered past its bound (crash loops) | — |
 //! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
-//! | [`cancel`] | a child token per request; abandons after a grace period | running handlers |
+//! | [`cancel`] | a read-only view of the root token per request; abandons after a grace period | running handlers |
 //! | [`inbox`] | skips a delivery already processed, per (queue, message id); yours to add around the handler | — |
 //!
 //! # Order
@@ -34,7 +34,7 @@
 //!    dead-letter decision for the layer above, without any attempt below.
 //! 5. [`RetryLayer`] — calls the inner service again after an in-process
 //!    wait, or publishes to a rung; decides when attempts are exhausted.
-//! 6. [`CancelLayer`] — innermost, so each attempt gets its own child token,
+//! 6. [`CancelLayer`] — innermost, so each attempt is watched on its own,
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
 //! 7. Your handler, with any of your own tower layers around it. It returns

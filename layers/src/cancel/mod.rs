@@ -1,13 +1,16 @@
-//! A child cancellation token per request, a caught panic, and abandonment
-//! of a handler that ignores its token.
+//! A read-only view of the root cancellation token per request, a caught
+//! panic, and abandonment of a handler that ignores its token.
 //!
 //! [`CancelLayer`] is the innermost acemq layer, right around the handler.
 //! For each request it:
 //!
-//! 1. gives the delivery its own child of the root token
-//!    ([`Delivery::token`]): cancelling the root (the drain does, once its
-//!    deadline has passed) reaches every running handler; cancelling one
-//!    delivery's token reaches nothing else;
+//! 1. gives the delivery a read-only view of the root token
+//!    ([`Delivery::token`], a [`Cancellation`](crate::Cancellation): one
+//!    reference count, no allocation): cancelling the root (the drain does,
+//!    once its deadline has passed) reaches every running handler; a handler
+//!    cannot cancel it, and stops sub-tasks of its own with
+//!    [`child_token`](crate::Cancellation::child_token), which reaches
+//!    nothing else;
 //! 2. turns the handler's result into a [`Decision`]: `Ok(())` is
 //!    [`Decision::Ack`], `Ok(outcome)` what the [`Verdict`](crate::Verdict)
 //!    says (any other `Ok` type does not compile, see
@@ -50,7 +53,7 @@
 //!
 //! # Order
 //!
-//! Innermost: each attempt of the retry layer gets its own child token, a
+//! Innermost: each attempt of the retry layer is watched on its own, a
 //! panic is caught where it happens, and abandonment drops exactly the
 //! handler's future.
 //!
