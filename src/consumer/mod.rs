@@ -418,6 +418,10 @@ where
         // The handlers' cancellation: the stack's cancel layer registers no
         // waiter (woken_by_transport), the loop wakes every running handler
         // when it fires, and a handler started after it wakes itself once.
+        // Only two things cancel it: the loop itself when the generation is
+        // lost, and the drain at its deadline — after it stopped intake. So
+        // the token is watched only once `stopping` (no lock per round of
+        // the loop while it consumes), and a loss wakes at once.
         let cancel_seen = st.cancel.clone();
         let handlers_cancelled = cancel_seen.cancelled();
         let mut cancel_woken = false;
@@ -448,7 +452,9 @@ where
                         .buffered_after_cancel
                         .fetch_add(st.buffer.len(), Ordering::Relaxed);
                 }
-                if !cancel_woken && handlers_cancelled.as_mut().poll(cx).is_ready() {
+                if !cancel_woken
+                    && (st.lost || (st.stopping && handlers_cancelled.as_mut().poll(cx).is_ready()))
+                {
                     cancel_woken = true;
                     wake_all(&mut handlers);
                     progressed = true;

@@ -384,6 +384,91 @@ async fn a_reject_from_a_handler_of_a_lost_connection_is_dropped_so_the_dead_let
     broker.delete(&all_queues(&q)).await;
 }
 
+/// Sets its flag when dropped: shows the handler's future was dropped.
+struct DroppedFlag(Arc<AtomicBool>);
+
+impl Drop for DroppedFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_ignores_its_token_on_a_lost_connection_is_abandoned_and_its_message_handled_again(
+) {
+    let q = unique("faults-abandon-lost");
+    let _cleanup = QueueCleanup::new(all_queues(&q));
+    let mut broker = Broker::new().await;
+    let proxy = Proxy::start().await;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (a, f) = (attempts.clone(), dropped.clone());
+    let handler = tower::service_fn(move |_d: Delivery| {
+        let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+        let flag = DroppedFlag(f.clone());
+        async move {
+            let _flag = flag;
+            if first {
+                // Ignores its token and never wakes on its own: only the
+                // loop's wake at the loss lets the cancel layer abandon it.
+                std::future::pending::<()>().await;
+            }
+            Ok::<(), BoxError>(())
+        }
+    });
+    let mut queue = QueueConfig::new(q.clone());
+    queue.prefetch = 1;
+    queue.concurrency = 1;
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(10);
+    config.abandon_after = Duration::from_millis(500);
+    let app = App::new(config)
+        .amqp_addr(proxy.amqp_addr())
+        .consume(&q, handler);
+    let health = app.health();
+    let running = app.start().await.expect("starts through the proxy");
+    broker
+        .publish_props(
+            &q,
+            b"order",
+            BasicProperties::default().with_message_id("o-ignores".into()),
+        )
+        .await;
+    assert!(
+        eventually(SECS(10), || async { attempts.load(Ordering::SeqCst) == 1 }).await,
+        "the first attempt started"
+    );
+    assert!(!dropped.load(Ordering::SeqCst));
+    proxy.cut();
+    assert!(
+        eventually(SECS(10), || async { !health.is_ready() }).await,
+        "readiness goes false once the connection is lost"
+    );
+    let lost_at = Instant::now();
+    assert!(
+        eventually(SECS(10), || async { dropped.load(Ordering::SeqCst) }).await,
+        "the handler that ignores its token is abandoned (its future dropped) after the loss"
+    );
+    let took = lost_at.elapsed();
+    proxy.restore();
+    assert!(
+        eventually(SECS(30), || async { attempts.load(Ordering::SeqCst) >= 2 }).await,
+        "the broker redelivered the message to the new connection"
+    );
+    assert!(
+        eventually(SECS(10), || async {
+            health.snapshot().queues[0].orphaned >= 1
+        })
+        .await,
+        "the abandoned attempt's outcome was dropped as an orphan: {:?}",
+        health.snapshot().queues[0]
+    );
+    let report = running.drain().await.expect("a clean drain");
+    eprintln!("abandoned {took:?} after the loss was seen; {report:?}");
+    assert_eq!(broker.ready(&q).await, Some(0), "everything settled");
+    broker.delete(&all_queues(&q)).await;
+}
+
 // ---- Item 3: a queue deleted under its consumer is never consumed again.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
