@@ -70,8 +70,9 @@ use std::fmt;
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, CancelLayer, Classify, DeadLetterLayer, Decision, DefaultClassifier, Delivery,
-    InFlightCounter, InFlightLayer, PauseHandle, PauseLayer, Publish, RetryLayer, RetryPolicy,
+    BoxError, CancelLayer, Cancellation, Classify, DeadLetterLayer, Decision, DefaultClassifier,
+    Delivery, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer, Publish, RetryLayer,
+    RetryPolicy,
 };
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
@@ -198,7 +199,9 @@ pub(crate) struct Parts<'a, P> {
     pub(crate) in_flight: InFlightCounter,
     pub(crate) publisher: P,
     pub(crate) draining: CancellationToken,
-    pub(crate) cancel: CancellationToken,
+    /// The handlers' token (the loop's deliveries carry it on their
+    /// lifeline, so the layer hands it over without a reference count).
+    pub(crate) cancel: Cancellation,
     pub(crate) abandon_after: Duration,
     /// The consumer loop wakes every running request when it cancels
     /// `cancel` (`CancelLayer::woken_by_transport`); the test harness,
@@ -267,7 +270,8 @@ where
                 .classifier(stack.classifier.clone()),
         )
         .layer({
-            let layer = CancelLayer::new(parts.cancel).abandon_after(parts.abandon_after);
+            let layer =
+                CancelLayer::from_cancellation(parts.cancel).abandon_after(parts.abandon_after);
             if parts.woken_by_loop {
                 layer.woken_by_transport()
             } else {

@@ -50,8 +50,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, Classify, Decision, Delivery, Headers, InFlightCounter, Outgoing, PauseHandle,
-    Publish, PublishError, Reason, RetryVia,
+    BoxError, Cancellation, Classify, Decision, Delivery, Headers, InFlightCounter, Outgoing,
+    PauseHandle, Publish, PublishError, Reason, RetryVia,
 };
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
@@ -350,7 +350,7 @@ impl TestQueue {
                 in_flight: in_flight.clone(),
                 publisher: publisher.clone(),
                 draining: draining.clone(),
-                cancel: cancel.clone(),
+                cancel: Cancellation::new(cancel.clone()),
                 abandon_after: ABANDON_AFTER,
                 woken_by_loop: false,
             },

@@ -287,14 +287,38 @@ impl Delivery {
     ///
     /// It is a view: a handler can wait on it but not cancel it (see
     /// [`Cancellation::child_token`] for a token of your own).
+    ///
+    /// The token set on this copy ([`set_token`](Self::set_token), or the
+    /// builder's), else the one its [`Lifeline`] carries
+    /// ([`Lifeline::with_cancellation`]), else one that never fires.
     pub fn token(&self) -> &Cancellation {
-        self.token
-            .as_ref()
-            .unwrap_or_else(|| Cancellation::never_ref())
+        match &self.token {
+            Some(token) => token,
+            None => self
+                .shared
+                .lifeline
+                .cancellation()
+                .unwrap_or_else(|| Cancellation::never_ref()),
+        }
     }
     /// Replaces the cancellation (the cancellation layer sets its own).
     pub fn set_token(&mut self, token: Cancellation) {
         self.token = Some(token);
+    }
+    /// Makes [`token`](Self::token) `view` without touching a reference
+    /// count when the lifeline already carries it (the cancellation layer,
+    /// as acemq's consumer loop builds it); sets a clone otherwise.
+    pub(crate) fn use_token(&mut self, view: &Cancellation) {
+        let carried = self
+            .shared
+            .lifeline
+            .cancellation()
+            .is_some_and(|c| c.same_as(view));
+        if !carried {
+            self.token = Some(view.clone());
+        } else if self.token.is_some() {
+            self.token = None;
+        }
     }
     /// Whether the channel this delivery came on is gone: the broker has
     /// taken it back and will redeliver it, so nothing decided about this

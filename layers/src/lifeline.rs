@@ -179,6 +179,12 @@ impl Cancellation {
     pub(crate) fn fired(&self) -> bool {
         self.shared.flags.fired.load(Ordering::Acquire)
     }
+
+    /// Whether `self` and `other` are views of one token made by one
+    /// [`new`](Self::new) (clones of each other): a pointer comparison.
+    pub(crate) fn same_as(&self, other: &Cancellation) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
 }
 
 impl From<CancellationToken> for Cancellation {
@@ -209,17 +215,51 @@ impl fmt::Debug for Cancellation {
 /// taken the delivery back and will redeliver it: whatever its handler
 /// decides is an orphan. The retry and dead-letter layers then publish
 /// nothing and wait no more ([`Delivery::is_orphaned`](crate::Delivery::is_orphaned)).
+///
+/// A lifeline can also carry its generation's [`Cancellation`]
+/// ([`with_cancellation`](Self::with_cancellation)): the handlers' token,
+/// which fires on a loss or at the drain's deadline. A delivery whose
+/// cancellation layer was given that same view
+/// ([`CancelLayer::from_cancellation`](crate::CancelLayer::from_cancellation))
+/// then finds its token through the lifeline it already shares, and the
+/// layer touches no reference count to hand it over (acemq's consumer loop
+/// runs it so).
 #[derive(Clone)]
 pub struct Lifeline {
-    lost: Arc<CancellationToken>,
+    inner: Arc<LifelineInner>,
+}
+
+struct LifelineInner {
+    lost: CancellationToken,
+    cancellation: Option<Cancellation>,
 }
 
 impl Lifeline {
     /// A live lifeline for a new generation.
     pub fn new() -> Self {
         Lifeline {
-            lost: Arc::new(CancellationToken::new()),
+            inner: Arc::new(LifelineInner {
+                lost: CancellationToken::new(),
+                cancellation: None,
+            }),
         }
+    }
+
+    /// A live lifeline for a new generation whose handlers' token is
+    /// `cancellation` (see the type's docs).
+    pub fn with_cancellation(cancellation: Cancellation) -> Self {
+        Lifeline {
+            inner: Arc::new(LifelineInner {
+                lost: CancellationToken::new(),
+                cancellation: Some(cancellation),
+            }),
+        }
+    }
+
+    /// The generation's handlers' token, if the lifeline was made
+    /// [`with_cancellation`](Self::with_cancellation).
+    pub fn cancellation(&self) -> Option<&Cancellation> {
+        self.inner.cancellation.as_ref()
     }
 
     /// One that is never lost (shared: cloning it allocates nothing); what
@@ -231,12 +271,12 @@ impl Lifeline {
 
     /// The channel is gone: every delivery of this generation is orphaned.
     pub fn lose(&self) {
-        self.lost.cancel();
+        self.inner.lost.cancel();
     }
 
     /// Whether [`lose`](Self::lose) was called.
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        self.inner.lost.is_cancelled()
     }
 
     /// Resolves when the lifeline is lost.
@@ -245,7 +285,7 @@ impl Lifeline {
     ///
     /// Cancellation safe.
     pub fn lost(&self) -> WaitForCancellationFuture<'_> {
-        self.lost.cancelled()
+        self.inner.lost.cancelled()
     }
 }
 

@@ -23,8 +23,8 @@
 use std::hint::black_box;
 
 use acemq_layers::{
-    BoxError, CancelLayer, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer, PauseHandle,
-    PauseLayer, RetryLayer,
+    BoxError, CancelLayer, Cancellation, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer,
+    Lifeline, PauseHandle, PauseLayer, RetryLayer,
 };
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -77,9 +77,22 @@ macro_rules! whole_stack {
                 NoopPublish,
                 CancellationToken::new(),
             ))
-            .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+            .layer(CancelLayer::from_cancellation(generation_token()).woken_by_transport())
             .service_fn($handler)
     };
+}
+
+/// The generation the deliveries belong to, as the consumer loop makes one:
+/// its lifeline carries the handlers' token, which the cancellation layer
+/// is given too.
+fn generation() -> &'static Lifeline {
+    static GENERATION: std::sync::OnceLock<Lifeline> = std::sync::OnceLock::new();
+    GENERATION
+        .get_or_init(|| Lifeline::with_cancellation(Cancellation::new(CancellationToken::new())))
+}
+
+fn generation_token() -> Cancellation {
+    generation().cancellation().expect("made with one").clone()
 }
 
 /// Allocations per delivery through the whole stack: (handler returns at
@@ -106,6 +119,7 @@ where
         .queue("alloc.orders")
         .delivery_tag(1)
         .body(vec![7u8; 256])
+        .lifeline(generation().clone())
         .build();
     let mut deliver = |n: usize| {
         rt.block_on(async {
@@ -167,7 +181,7 @@ fn each_layer(rt: &Runtime) {
         rt,
         ServiceBuilder::new()
             .map_future(acemq_layers::cancel::Wakeable::new)
-            .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+            .layer(CancelLayer::from_cancellation(generation_token()).woken_by_transport())
             .service_fn(handle_yielding),
     );
     let retry = allocations_per_delivery(

@@ -441,3 +441,59 @@ async fn woken_by_its_transport_the_layer_registers_nothing_and_a_listening_hand
     root.cancel();
     assert_eq!(task.await.unwrap().unwrap(), Decision::HandBack);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_delivery_finds_its_token_on_its_lifeline_when_the_layer_was_given_that_view() {
+    use acemq_layers::{Cancellation, Lifeline};
+    let root = CancellationToken::new();
+    let generation = Lifeline::with_cancellation(Cancellation::new(root.clone()));
+    let view = generation.cancellation().expect("made with one").clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut svc = ServiceBuilder::new()
+        .layer(CancelLayer::from_cancellation(view))
+        .service_fn(move |d: Delivery| {
+            tx.send(d.token().clone()).unwrap();
+            listening(d)
+        });
+
+    // Outside the layer, before it runs, the delivery already sees the
+    // generation's token through its lifeline.
+    let d = Delivery::builder().lifeline(generation.clone()).build();
+    assert!(!d.token().is_cancelled());
+    // One of another generation, and one with a builder's token of its own:
+    // the layer hands both its view.
+    let other = Delivery::builder().build();
+    let given = CancellationToken::new();
+    let own = Delivery::builder()
+        .lifeline(generation.clone())
+        .token(given.clone())
+        .build();
+
+    let mut tasks = Vec::new();
+    for d in [d, other, own] {
+        tasks.push(tokio::spawn(svc.ready().await.unwrap().call(d)));
+    }
+    tokio::task::yield_now().await;
+    let seen: Vec<Cancellation> = rx.try_iter().collect();
+    assert_eq!(seen.len(), 3);
+    given.cancel();
+    assert!(
+        seen.iter().all(|t| !t.is_cancelled()),
+        "the builder's token was replaced by the layer's"
+    );
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+
+    root.cancel();
+    assert!(seen.iter().all(|t| t.is_cancelled()));
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), Decision::HandBack);
+    }
+}
+
+#[test]
+fn a_lifeline_made_without_a_cancellation_leaves_the_token_one_that_never_fires() {
+    use acemq_layers::Lifeline;
+    let d = Delivery::builder().lifeline(Lifeline::new()).build();
+    assert!(Lifeline::new().cancellation().is_none());
+    assert!(!d.token().is_cancelled());
+}

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_layers::{BoxError, Classify, Delivery, Lifeline, PauseHandle};
+use acemq_layers::{BoxError, Cancellation, Classify, Delivery, Lifeline, PauseHandle};
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -346,7 +346,11 @@ impl App {
                     in_flight: sh.health.in_flight().clone(),
                     publisher: sh.publisher.clone(),
                     draining: sh.draining.clone(),
-                    cancel: ctx.cancel.clone(),
+                    cancel: ctx
+                        .lifeline
+                        .cancellation()
+                        .cloned()
+                        .unwrap_or_else(|| Cancellation::new(ctx.cancel.clone())),
                     abandon_after: sh.config.abandon_after,
                     woken_by_loop: true,
                 },

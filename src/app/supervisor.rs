@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_layers::{Lifeline, PauseHandle};
+use acemq_layers::{Cancellation, Lifeline, PauseHandle};
 use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -236,6 +236,7 @@ impl Shared {
         let q = &self.config.queues[index];
         let slot = &self.slots[index];
         let (tx, rx) = oneshot::channel();
+        let cancel = self.root.child_token();
         let ctx = super::StartCtx {
             queue: q,
             channel: opened.channel.clone(),
@@ -244,8 +245,11 @@ impl Shared {
             stats: slot.stats.clone(),
             gate: slot.gate.clone(),
             slots: slot.slots.clone(),
-            lifeline: Lifeline::new(),
-            cancel: self.root.child_token(),
+            // The handlers' token rides on the lifeline every delivery of
+            // the generation shares: the cancellation layer hands it over
+            // without a reference count (`CancelLayer::from_cancellation`).
+            lifeline: Lifeline::with_cancellation(Cancellation::new(cancel.clone())),
+            cancel,
             ended: tx,
         };
         // Building the stack clones the handler: a panicking `Clone` must

@@ -9,10 +9,12 @@
 
 use std::fmt::Debug;
 use std::hint::black_box;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use acemq_layers::{BoxError, Decision, Delivery};
+use acemq_layers::{BoxError, Cancellation, Decision, Delivery, Lifeline};
 use tokio::runtime::Runtime;
+use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
 use crate::success_path::{handle, handle_decision};
@@ -33,12 +35,27 @@ pub(crate) async fn handle_yielding_unit(d: Delivery) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The generation every case's deliveries belong to, as acemq's consumer
+/// loop makes one: its lifeline carries the handlers' token, which the
+/// cancellation layer is given too (`CancelLayer::from_cancellation`).
+pub(crate) fn generation() -> &'static Lifeline {
+    static GENERATION: OnceLock<Lifeline> = OnceLock::new();
+    GENERATION
+        .get_or_init(|| Lifeline::with_cancellation(Cancellation::new(CancellationToken::new())))
+}
+
+/// The generation's handlers' token, for the cancellation layer.
+pub(crate) fn generation_token() -> Cancellation {
+    generation().cancellation().expect("made with one").clone()
+}
+
 pub(crate) fn delivery() -> Delivery {
     Delivery::builder()
         .queue("bench.orders")
         .routing_key("bench.orders")
         .delivery_tag(1)
         .body(vec![7u8; 256])
+        .lifeline(generation().clone())
         .build()
 }
 
@@ -72,7 +89,8 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 /// `ConcurrencyLimit`), each layer alone, and the full stack as
 /// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
 /// → cancel, the cancel layer woken by the loop, which wraps each request
-/// in a `Wakeable`).
+/// in a `Wakeable`, and given the generation's token that the deliveries'
+/// lifeline carries).
 macro_rules! each_case {
     ($visit:expr, $handler:expr, $unit:expr) => {{
         use acemq_layers::cancel::Wakeable;
@@ -106,16 +124,21 @@ macro_rules! each_case {
                 .service_fn($handler),
         );
         // As acemq's consumer loop runs it: woken by its transport, each
-        // request's future wrapped in a `Wakeable` (its cost counted here).
+        // request's future wrapped in a `Wakeable` (its cost counted here),
+        // the token the one the deliveries' lifeline carries.
         v.case(
             "cancel",
             ServiceBuilder::new()
                 .map_future(Wakeable::new)
-                .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+                .layer(
+                    CancelLayer::from_cancellation($crate::cases::generation_token())
+                        .woken_by_transport(),
+                )
                 .service_fn($unit),
         );
         // The layer's default: it wakes itself (a waiter per request that
-        // waits).
+        // waits), and its token is its own (set on each request: one
+        // reference count more).
         v.case(
             "cancel_self_waking",
             ServiceBuilder::new()
@@ -150,7 +173,10 @@ macro_rules! each_case {
                     NoopPublish,
                     CancellationToken::new(),
                 ))
-                .layer(CancelLayer::new(CancellationToken::new()).woken_by_transport())
+                .layer(
+                    CancelLayer::from_cancellation($crate::cases::generation_token())
+                        .woken_by_transport(),
+                )
                 .service_fn($unit),
         );
     }};

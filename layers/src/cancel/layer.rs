@@ -4,6 +4,7 @@ use tokio_util::sync::CancellationToken;
 use tower::Layer;
 
 use super::Cancel;
+use crate::lifeline::Cancellation;
 
 /// How long a handler may run on after its token is cancelled before it is
 /// abandoned, unless [`CancelLayer::abandon_after`] says otherwise: 5 s.
@@ -13,9 +14,18 @@ pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(5);
 /// handlers that ignore cancellation; see the [module docs](super).
 #[derive(Clone, Debug)]
 pub struct CancelLayer {
-    root: CancellationToken,
+    root: Root,
     abandon_after: Duration,
     self_waking: bool,
+}
+
+/// What a layer's services hand their requests.
+#[derive(Clone, Debug)]
+enum Root {
+    // A view of this token, made for each service the layer builds.
+    Token(CancellationToken),
+    // This view, shared by every service the layer builds.
+    View(Cancellation),
 }
 
 impl CancelLayer {
@@ -23,7 +33,21 @@ impl CancelLayer {
     /// [`DEFAULT_ABANDON_AFTER`].
     pub const fn new(root: CancellationToken) -> Self {
         CancelLayer {
-            root,
+            root: Root::Token(root),
+            abandon_after: DEFAULT_ABANDON_AFTER,
+            self_waking: true,
+        }
+    }
+
+    /// Hands every request `cancellation` itself. When the requests'
+    /// [`Lifeline`](crate::Lifeline) carries that same view
+    /// ([`Lifeline::with_cancellation`](crate::Lifeline::with_cancellation)),
+    /// a request finds its token through the lifeline and the layer touches
+    /// no reference count to hand it over: what a transport that builds
+    /// one stack per generation does (acemq's consumer loop).
+    pub const fn from_cancellation(cancellation: Cancellation) -> Self {
+        CancelLayer {
+            root: Root::View(cancellation),
             abandon_after: DEFAULT_ABANDON_AFTER,
             self_waking: true,
         }
@@ -60,7 +84,11 @@ impl<S> Layer<S> for CancelLayer {
     type Service = Cancel<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let svc = Cancel::new(inner, self.root.clone()).abandon_after(self.abandon_after);
+        let svc = match &self.root {
+            Root::Token(root) => Cancel::new(inner, root.clone()),
+            Root::View(view) => Cancel::from_cancellation(inner, view.clone()),
+        }
+        .abandon_after(self.abandon_after);
         if self.self_waking {
             svc
         } else {

@@ -44,6 +44,13 @@
 //!   (acemq's consumer loop): the layer registers nothing, the transport
 //!   wraps each request's future in a [`Wakeable`] and wakes them all when
 //!   it cancels the root.
+//! - [`CancelLayer::from_cancellation`] gives the layer a view made once
+//!   (not one per service it builds). When the requests' lifeline carries
+//!   that same view ([`Lifeline::with_cancellation`](crate::Lifeline::with_cancellation),
+//!   one per generation of a transport), a request finds its token through
+//!   the lifeline it already shares and the layer hands nothing over: one
+//!   reference count per request (the one its future keeps) instead of two.
+//!   acemq's consumer loop runs it so.
 //! - The grace period starts when the layer sees the cancellation (woken
 //!   by the watcher a task switch after the cancel, or polled again), and is
 //!   measured on tokio's clock.

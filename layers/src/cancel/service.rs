@@ -40,6 +40,17 @@ impl<S> Cancel<S> {
         }
     }
 
+    /// Wraps `inner`, giving each request `cancellation` itself (see
+    /// [`CancelLayer::from_cancellation`]).
+    pub fn from_cancellation(inner: S, cancellation: Cancellation) -> Self {
+        Cancel {
+            inner,
+            view: cancellation,
+            abandon_after: DEFAULT_ABANDON_AFTER,
+            self_waking: true,
+        }
+    }
+
     /// The transport wakes every running request when it cancels the root
     /// (wrapping each in a [`Wakeable`](super::future::Wakeable)), so the
     /// layer registers no waiter of its own; see
@@ -92,9 +103,11 @@ where
     }
 
     fn call(&mut self, mut req: Delivery) -> Self::Future {
-        let token = self.view.clone();
         let attempt = req.attempt();
-        req.set_token(token.clone());
+        // No reference count touched when the request's lifeline carries
+        // this view (the consumer loop's generations).
+        req.use_token(&self.view);
+        let token = self.view.clone();
         // A handler may panic before it returns its future, too.
         match panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
             Ok(fut) => {
