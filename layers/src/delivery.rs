@@ -314,11 +314,7 @@ impl Delivery {
             .lifeline
             .cancellation()
             .is_some_and(|c| c.same_as(view));
-        if !carried {
-            self.token = Some(view.clone());
-        } else if self.token.is_some() {
-            self.token = None;
-        }
+        self.token = if carried { None } else { Some(view.clone()) };
     }
     /// Whether the channel this delivery came on is gone: the broker has
     /// taken it back and will redeliver it, so nothing decided about this

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_layers::{BoxError, Cancellation, Classify, Delivery, Lifeline, PauseHandle};
+use acemq_layers::{BoxError, Classify, Delivery, Lifeline, PauseHandle};
 use tokio::sync::{oneshot, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -346,11 +346,13 @@ impl App {
                     in_flight: sh.health.in_flight().clone(),
                     publisher: sh.publisher.clone(),
                     draining: sh.draining.clone(),
+                    // The supervisor (the one maker of a `StartCtx`) puts
+                    // the handlers' token on every generation's lifeline.
                     cancel: ctx
                         .lifeline
                         .cancellation()
-                        .cloned()
-                        .unwrap_or_else(|| Cancellation::new(ctx.cancel.clone())),
+                        .expect("a generation's lifeline carries its handlers' token")
+                        .clone(),
                     abandon_after: sh.config.abandon_after,
                     woken_by_loop: true,
                 },

@@ -328,22 +328,10 @@ async fn a_reject_from_a_handler_of_a_lost_connection_is_dropped_so_the_dead_let
         .consume(&q, handler);
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
-    broker
-        .publish_props(
-            &q,
-            b"order",
-            BasicProperties::default().with_message_id("o-orphan".into()),
-        )
-        .await;
-    assert!(
-        eventually(SECS(10), || async { calls.lock().unwrap().len() == 1 }).await,
-        "the first attempt started"
-    );
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_once_the_first_attempt_runs(&mut broker, &proxy, &health, &q, "o-orphan", || {
+        calls.lock().unwrap().len() == 1
+    })
+    .await;
     proxy.restore();
     assert!(
         eventually(SECS(20), || async { health.is_ready() }).await,
@@ -382,6 +370,35 @@ async fn a_reject_from_a_handler_of_a_lost_connection_is_dropped_so_the_dead_let
          the first attempt's Reject, from the lost connection, was dead-lettered through the new one"
     );
     broker.delete(&all_queues(&q)).await;
+}
+
+/// Publishes one order (message id `id`) to `q`, waits until its first
+/// attempt runs (`started`), then cuts the proxy and waits until readiness
+/// is off: a connection lost under a running handler.
+async fn cut_once_the_first_attempt_runs(
+    broker: &mut Broker,
+    proxy: &Proxy,
+    health: &Health,
+    q: &str,
+    id: &str,
+    started: impl Fn() -> bool,
+) {
+    broker
+        .publish_props(
+            q,
+            b"order",
+            BasicProperties::default().with_message_id(id.into()),
+        )
+        .await;
+    assert!(
+        eventually(SECS(10), || async { started() }).await,
+        "the first attempt started"
+    );
+    proxy.cut();
+    assert!(
+        eventually(SECS(10), || async { !health.is_ready() }).await,
+        "readiness goes false once the connection is lost"
+    );
 }
 
 /// Sets its flag when dropped: shows the handler's future was dropped.
@@ -427,23 +444,10 @@ async fn a_handler_that_ignores_its_token_on_a_lost_connection_is_abandoned_and_
         .consume(&q, handler);
     let health = app.health();
     let running = app.start().await.expect("starts through the proxy");
-    broker
-        .publish_props(
-            &q,
-            b"order",
-            BasicProperties::default().with_message_id("o-ignores".into()),
-        )
-        .await;
-    assert!(
-        eventually(SECS(10), || async { attempts.load(Ordering::SeqCst) == 1 }).await,
-        "the first attempt started"
-    );
-    assert!(!dropped.load(Ordering::SeqCst));
-    proxy.cut();
-    assert!(
-        eventually(SECS(10), || async { !health.is_ready() }).await,
-        "readiness goes false once the connection is lost"
-    );
+    cut_once_the_first_attempt_runs(&mut broker, &proxy, &health, &q, "o-ignores", || {
+        attempts.load(Ordering::SeqCst) == 1 && !dropped.load(Ordering::SeqCst)
+    })
+    .await;
     let lost_at = Instant::now();
     assert!(
         eventually(SECS(10), || async { dropped.load(Ordering::SeqCst) }).await,

@@ -82,6 +82,15 @@ pin_project! {
     }
 }
 
+impl Watch {
+    // The grace period after the cancellation was seen.
+    fn grace(abandon_after: Duration) -> Watch {
+        Watch::Grace {
+            sleep: Box::pin(tokio::time::sleep(abandon_after)),
+        }
+    }
+}
+
 impl<F> ResponseFuture<F> {
     pub(crate) fn new(
         fut: F,
@@ -173,8 +182,7 @@ where
                     if !this.child.is_cancelled() {
                         return Poll::Pending;
                     }
-                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
-                    this.watch.set(Watch::Grace { sleep });
+                    this.watch.set(Watch::grace(*this.abandon_after));
                 }
                 WatchProj::Idle => match this.child.waiter() {
                     Some(notified) => this.watch.set(Watch::Signal {
@@ -196,13 +204,11 @@ where
                         *again = true;
                         std::task::ready!(notified.poll(cx));
                     }
-                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
-                    this.watch.set(Watch::Grace { sleep });
+                    this.watch.set(Watch::grace(*this.abandon_after));
                 }
                 WatchProj::Token { cancelled } => {
                     std::task::ready!(cancelled.as_mut().poll(cx));
-                    let sleep = Box::pin(tokio::time::sleep(*this.abandon_after));
-                    this.watch.set(Watch::Grace { sleep });
+                    this.watch.set(Watch::grace(*this.abandon_after));
                 }
                 WatchProj::Grace { sleep } => {
                     std::task::ready!(sleep.as_mut().poll(cx));
