@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use acemq_layers::Delivery;
 use tokio::runtime::Runtime;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 #[path = "support/success_path.rs"]
 mod success_path;
@@ -67,6 +67,129 @@ impl<'a> Visit for Collect<'a> {
         };
         self.cases.push((name, timer));
     }
+}
+
+/// Times `iters` deliveries through `svc` as a transport runs them: 8 at a
+/// time in one task, the next started as one finishes, in `FuturesUnordered`
+/// with each future in a `Wakeable` (acemq's consumer loop until round six)
+/// or in `Slots` (since).
+fn time_in_container<S>(
+    rt: &Runtime,
+    svc: &mut S,
+    d: &Delivery,
+    iters: u64,
+    slots: bool,
+) -> Duration
+where
+    S: Service<Delivery>,
+    S::Error: Debug,
+{
+    use acemq_layers::cancel::{Slots, Wakeable};
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use std::hint::black_box;
+    const AT_ONCE: u64 = cases::TASKS;
+    rt.block_on(async {
+        let start = cases::thread_cpu();
+        let mut started = 0;
+        if slots {
+            let mut running = Slots::with_capacity(AT_ONCE as usize);
+            while started < iters.min(AT_ONCE) {
+                running.push(svc.ready().await.unwrap().call(d.clone()));
+                started += 1;
+            }
+            while let Some(r) = running.next().await {
+                let _ = black_box(r);
+                if started < iters {
+                    running.push(svc.ready().await.unwrap().call(d.clone()));
+                    started += 1;
+                }
+            }
+        } else {
+            let mut running = FuturesUnordered::new();
+            while started < iters.min(AT_ONCE) {
+                running.push(Wakeable::new(svc.ready().await.unwrap().call(d.clone())));
+                started += 1;
+            }
+            while let Some(r) = running.next().await {
+                let _ = black_box(r);
+                if started < iters {
+                    running.push(Wakeable::new(svc.ready().await.unwrap().call(d.clone())));
+                    started += 1;
+                }
+            }
+        }
+        cases::thread_cpu() - start
+    })
+}
+
+/// The full stack's case (8-task group's handler), timed in both
+/// containers.
+struct Containers<'a> {
+    rt: &'a Runtime,
+    d: &'a Delivery,
+    timers: Vec<(&'static str, Timer<'a>)>,
+}
+
+impl<'a> Visit for Containers<'a> {
+    fn case<S>(&mut self, name: &'static str, svc: S)
+    where
+        S: Service<Delivery> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Debug,
+    {
+        if name != "full_stack" {
+            return;
+        }
+        let (rt, d) = (self.rt, self.d);
+        for (label, slots) in [("FuturesUnordered + Wakeable", false), ("Slots", true)] {
+            let mut svc = svc.clone();
+            self.timers.push((
+                label,
+                Box::new(move |iters| time_in_container(rt, &mut svc, d, iters, slots)),
+            ));
+        }
+    }
+}
+
+/// The consumer loop's container of running handlers, per delivery: the
+/// full stack run 8 at a time in one task, in each container, interleaved.
+/// Returns per container (label, median ns per delivery) and the median of
+/// the per-round ratios Slots ÷ FuturesUnordered.
+fn run_containers(rounds: usize, slice: Duration) -> (Vec<(&'static str, f64)>, f64) {
+    let rt = runtime();
+    let d = delivery();
+    let mut c = Containers {
+        rt: &rt,
+        d: &d,
+        timers: Vec::new(),
+    };
+    cases::concurrent_8_tasks(&mut c);
+    let mut timers = c.timers;
+    let probe = 2_000;
+    let took = timers[0].1(probe);
+    let iters = ((slice.as_secs_f64() / took.as_secs_f64()) * probe as f64).max(1_000.0) as u64;
+    for (_, t) in timers.iter_mut() {
+        t(iters / 4);
+    }
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); timers.len()];
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let mut this = [0.0; 2];
+        for i in 0..2 {
+            let idx = (i + round) % 2;
+            this[idx] = timers[idx].1(iters).as_secs_f64() * 1e9 / iters as f64;
+            ns[idx].push(this[idx]);
+        }
+        ratios.push(this[1] / this[0]);
+    }
+    (
+        timers
+            .iter()
+            .zip(&ns)
+            .map(|((label, _), v)| (*label, median(v)))
+            .collect(),
+        median(&ratios),
+    )
 }
 
 fn median(xs: &[f64]) -> f64 {
@@ -250,6 +373,20 @@ fn main() {
         println!("{line} {target} |");
     }
     println!("\n(in brackets: the 25th–75th percentile of the per-round ratios)");
+
+    // The consumer loop's own container, per delivery (not a layer: what
+    // the loop adds around the stack).
+    let (containers, ratio) = run_containers(rounds, slice);
+    let yard_added = groups[1].rows[1].1 - groups[1].rows[0].1;
+    println!(
+        "\n# the consumer loop's container: the full stack, 8 at a time in one task ({rounds} interleaved rounds)\n"
+    );
+    println!("| container | ns per delivery (median) | × the 8-task yardstick's added cost |\n|---|---:|---:|");
+    let base = containers[0].1;
+    for (label, ns) in &containers {
+        println!("| {label} | {ns:.1} | {:+.2} |", (ns - base) / yard_added);
+    }
+    println!("\nSlots ÷ FuturesUnordered + Wakeable, median of the per-round ratios: {ratio:.2}");
 
     // JSON for scripts/layer_chart.py.
     let mut json = String::from("{\n");

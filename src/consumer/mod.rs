@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use acemq_layers::cancel::Wakeable;
+use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -413,11 +413,15 @@ where
             force_flush: false,
             ended: Some(ended),
         };
-        let mut handlers = FuturesUnordered::new();
+        // Each handler runs in a slot whose waker was made with the slot:
+        // no allocation or reference count per delivery, and one call wakes
+        // them all.
+        let mut handlers = Slots::with_capacity(st.slots.available_permits());
         let mut settles = FuturesUnordered::new();
         // The handlers' cancellation: the stack's cancel layer registers no
         // waiter (woken_by_transport), the loop wakes every running handler
-        // when it fires, and a handler started after it wakes itself once.
+        // when it fires (`Slots::wake_all`), and a handler started after it
+        // is polled once more after its first `Pending`.
         // Only two things cancel it: the loop itself when the generation is
         // lost, and the drain at its deadline — after it stopped intake. So
         // the token is watched only once `stopping` (no lock per round of
@@ -456,7 +460,7 @@ where
                     && (st.lost || (st.stopping && handlers_cancelled.as_mut().poll(cx).is_ready()))
                 {
                     cancel_woken = true;
-                    wake_all(&mut handlers);
+                    handlers.wake_all();
                     progressed = true;
                 }
                 // Intake: read eagerly, so a lost channel is seen at once.
@@ -483,11 +487,7 @@ where
                 }
                 // Start what may start.
                 while let Poll::Ready(Some(fut)) = st.poll_start(cx) {
-                    handlers.push(if cancel_woken {
-                        Wakeable::after_cancel(fut)
-                    } else {
-                        Wakeable::new(fut)
-                    });
+                    handlers.push(fut);
                     progressed = true;
                 }
                 // Flush what the bounds allow.
@@ -561,14 +561,6 @@ where
             .await;
         }
         debug!(queue = %queue, "consumer loop finished");
-    }
-}
-
-/// Wakes every running handler: the loop cancelled their token, so their
-/// cancel layers see it at their next poll.
-fn wake_all<F: Future>(handlers: &mut FuturesUnordered<Wakeable<F>>) {
-    for handler in std::pin::Pin::new(handlers).iter_pin_mut() {
-        handler.wake();
     }
 }
 

@@ -67,7 +67,7 @@ pub(crate) fn runtime() -> Runtime {
 }
 
 /// This thread's CPU time so far.
-fn thread_cpu() -> Duration {
+pub(crate) fn thread_cpu() -> Duration {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
@@ -88,12 +88,13 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 /// Every case around `$handler`, in order: bare, the yardstick (tower's
 /// `ConcurrencyLimit`), each layer alone, and the full stack as
 /// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
-/// → cancel, the cancel layer woken by the loop, which wraps each request
-/// in a `Wakeable`, and given the generation's token that the deliveries'
-/// lifeline carries).
+/// → cancel, the cancel layer woken by the loop, which runs each request in
+/// a slot of its `Slots` with a waker made once per slot — nothing per
+/// request; its own cost is measured apart, `layer_ratios`' container
+/// group — and given the generation's token that the deliveries' lifeline
+/// carries).
 macro_rules! each_case {
     ($visit:expr, $handler:expr, $unit:expr) => {{
-        use acemq_layers::cancel::Wakeable;
         use acemq_layers::{
             CancelLayer, DeadLetterLayer, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer,
             RetryLayer,
@@ -123,13 +124,12 @@ macro_rules! each_case {
                 .layer(PauseLayer::new(PauseHandle::new()))
                 .service_fn($handler),
         );
-        // As acemq's consumer loop runs it: woken by its transport, each
-        // request's future wrapped in a `Wakeable` (its cost counted here),
+        // As acemq's consumer loop runs it: woken by its transport (which
+        // registers nothing per request: its slots' wakers are made once),
         // the token the one the deliveries' lifeline carries.
         v.case(
             "cancel",
             ServiceBuilder::new()
-                .map_future(Wakeable::new)
                 .layer(
                     CancelLayer::from_cancellation($crate::cases::generation_token())
                         .woken_by_transport(),
@@ -164,7 +164,6 @@ macro_rules! each_case {
         v.case(
             "full_stack",
             ServiceBuilder::new()
-                .map_future(Wakeable::new)
                 .layer(PauseLayer::new(PauseHandle::new()))
                 .layer(InFlightLayer::new(InFlightCounter::new()))
                 .layer(DeadLetterLayer::new(NoopPublish))

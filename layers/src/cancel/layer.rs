@@ -57,12 +57,15 @@ impl CancelLayer {
     /// cancels the root: the layer then registers no waiter per request
     /// (the cheapest path; acemq's consumer loop runs it so).
     ///
-    /// The transport must wrap each request's future in a
+    /// The transport must run its requests in a
+    /// [`Slots`](super::Slots) and call [`Slots::wake_all`](super::Slots::wake_all)
+    /// when it cancels the root (what acemq's loop does: no allocation and
+    /// no reference count per request), or wrap each request's future in a
     /// [`Wakeable`](super::future::Wakeable), call
     /// [`Wakeable::wake`](super::future::Wakeable::wake) on every running
     /// one when it cancels the root, and wrap a request it starts after
-    /// that with [`Wakeable::after_cancel`](super::future::Wakeable::after_cancel),
-    /// and it must poll them in its own task (not through a layer that
+    /// that with [`Wakeable::after_cancel`](super::future::Wakeable::after_cancel)
+    /// (a waker clone per request that waits); and it must poll them in its own task (not through a layer that
     /// moves them to another task, such as `tower::buffer`). Otherwise a
     /// handler that ignores its token and never wakes is never abandoned:
     /// leave this off, and the layer wakes itself (one waiter on a shared

@@ -42,8 +42,10 @@
 //!   next wait. Outside a tokio runtime the layer waits on the token itself.
 //! - [`CancelLayer::woken_by_transport`] leaves the waking to the transport
 //!   (acemq's consumer loop): the layer registers nothing, the transport
-//!   wraps each request's future in a [`Wakeable`] and wakes them all when
-//!   it cancels the root.
+//!   runs its requests in a [`Slots`] (each slot's waker made once: nothing
+//!   per request) and wakes them all when it cancels the root — or wraps
+//!   each request's future in a [`Wakeable`] (a waker clone per request
+//!   that waits) when it polls them some other way.
 //! - [`CancelLayer::from_cancellation`] gives the layer a view made once
 //!   (not one per service it builds). When the requests' lifeline carries
 //!   that same view ([`Lifeline::with_cancellation`](crate::Lifeline::with_cancellation),
@@ -90,9 +92,11 @@
 pub mod future;
 mod layer;
 mod service;
+mod slots;
 
 pub use future::Wakeable;
 pub use layer::{CancelLayer, DEFAULT_ABANDON_AFTER};
 pub use service::Cancel;
+pub use slots::Slots;
 
 use crate::{BoxError, Decision, Delivery};

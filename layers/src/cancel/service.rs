@@ -52,7 +52,8 @@ impl<S> Cancel<S> {
     }
 
     /// The transport wakes every running request when it cancels the root
-    /// (wrapping each in a [`Wakeable`](super::future::Wakeable)), so the
+    /// (running them in a [`Slots`](super::Slots), or wrapping each in a
+    /// [`Wakeable`](super::future::Wakeable)), so the
     /// layer registers no waiter of its own; see
     /// [`CancelLayer::woken_by_transport`].
     pub fn woken_by_transport(mut self) -> Self {
