@@ -422,6 +422,33 @@ async fn woken_by_its_transport_a_handler_that_ignores_its_token_is_abandoned_af
     assert_eq!(start.elapsed(), Duration::from_secs(2));
 }
 
+// Started before the cancel but first polled after the transport woke
+// everything: the layer's first poll does not ask the token, so the wake
+// must reach it after that poll.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn woken_by_its_transport_a_request_first_polled_after_the_wake_is_still_abandoned() {
+    use acemq_layers::cancel::Wakeable;
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let root = CancellationToken::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            CancelLayer::new(root.clone())
+                .abandon_after(Duration::from_secs(2))
+                .woken_by_transport(),
+        )
+        .service_fn(ignoring);
+    let mut running = FuturesUnordered::new();
+    running.push(Wakeable::new(svc.ready().await.unwrap().call(delivery())));
+    root.cancel();
+    for r in std::pin::Pin::new(&mut running).iter_pin_mut() {
+        r.wake();
+    }
+    let decision = tokio::time::timeout(Duration::from_secs(60), running.next())
+        .await
+        .expect("abandoned within a minute (tokio's paused clock)");
+    assert_eq!(decision.unwrap().unwrap(), Decision::Abandoned);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn woken_by_its_transport_the_layer_registers_nothing_and_a_listening_handler_is_handed_back()
 {

@@ -253,6 +253,8 @@ pin_project! {
     /// cancellation too.
     ///
     /// Costs a waker clone per request that waits (no lock, nothing shared).
+    /// A transport that keeps its requests in one set can use
+    /// [`Slots`](super::Slots) instead, which costs nothing per request.
     #[must_use = "futures do nothing unless you `.await` or poll them"]
     pub struct Wakeable<F> {
         #[pin]
@@ -283,10 +285,15 @@ impl<F> Wakeable<F> {
     }
 
     /// Wakes the request if it is waiting: its next poll sees the
-    /// cancellation.
+    /// cancellation. One not polled yet wakes itself once after its first
+    /// `Pending` (a layer woken by its transport answers its first poll
+    /// without asking the token), as one made with
+    /// [`after_cancel`](Self::after_cancel).
     pub fn wake(self: Pin<&mut Self>) {
-        if let Some(waker) = self.project().waker.take() {
-            waker.wake();
+        let this = self.project();
+        match this.waker.take() {
+            Some(waker) => waker.wake(),
+            None => *this.nudge = true,
         }
     }
 }
