@@ -121,16 +121,11 @@ where
     use acemq_layers::cancel::Slots;
     use futures::StreamExt;
     const AT_ONCE: usize = 8;
-    let d = Delivery::builder()
-        .queue("alloc.orders")
-        .delivery_tag(1)
-        .body(vec![7u8; 256])
-        .lifeline(generation().clone())
-        .build();
+    let d = alloc_delivery();
     // One container for every measurement, as the loop keeps one per
     // generation: what is counted is what a delivery costs in it.
     let mut running = Slots::with_capacity(AT_ONCE);
-    let mut deliver = |n: usize| {
+    let deliver = |n: usize| {
         rt.block_on(async {
             let mut started = 0;
             while started < n.min(AT_ONCE) {
@@ -146,14 +141,7 @@ where
             }
         })
     };
-    deliver(16);
-    let mut most = 0;
-    for _ in 0..TRIES {
-        let once = allocation_counter::measure(|| deliver(N)).count_total;
-        let twice = allocation_counter::measure(|| deliver(2 * N)).count_total;
-        most = most.max(twice.saturating_sub(once));
-    }
-    most as f64 / N as f64
+    per_delivery_beyond_warm_up(deliver)
 }
 
 /// Allocations (and reallocations) per delivery through `svc`, after a warm-up (first-use
@@ -163,13 +151,8 @@ where
     S: Service<Delivery>,
     S::Error: std::fmt::Debug,
 {
-    let d = Delivery::builder()
-        .queue("alloc.orders")
-        .delivery_tag(1)
-        .body(vec![7u8; 256])
-        .lifeline(generation().clone())
-        .build();
-    let mut deliver = |n: usize| {
+    let d = alloc_delivery();
+    let deliver = |n: usize| {
         rt.block_on(async {
             for _ in 0..n {
                 let r = svc.ready().await.unwrap().call(d.clone()).await;
@@ -177,6 +160,23 @@ where
             }
         })
     };
+    per_delivery_beyond_warm_up(deliver)
+}
+
+/// The delivery every measurement sends, of the generation.
+fn alloc_delivery() -> Delivery {
+    Delivery::builder()
+        .queue("alloc.orders")
+        .delivery_tag(1)
+        .body(vec![7u8; 256])
+        .lifeline(generation().clone())
+        .build()
+}
+
+/// Allocations per delivery of `deliver(n)` (which sends `n`), after a
+/// warm-up (first-use registrations: the in-flight slot, the token's child
+/// list, ...).
+fn per_delivery_beyond_warm_up(mut deliver: impl FnMut(usize)) -> f64 {
     deliver(16);
     // The count is this thread's, where the services and the tasks they
     // spawn run. Entering `block_on` costs the runtime an allocation of its

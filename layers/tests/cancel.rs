@@ -379,18 +379,27 @@ fn outside_a_tokio_runtime_a_listening_handler_is_handed_back_on_cancel() {
     assert_eq!(decision, Decision::HandBack);
 }
 
+/// A root token and a cancellation layer woken by its transport (2 s of
+/// grace) around a handler that ignores its token.
+macro_rules! woken_by_transport_around_ignoring {
+    () => {{
+        let root = CancellationToken::new();
+        let svc = ServiceBuilder::new()
+            .layer(
+                CancelLayer::new(root.clone())
+                    .abandon_after(Duration::from_secs(2))
+                    .woken_by_transport(),
+            )
+            .service_fn(ignoring);
+        (root, svc)
+    }};
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn woken_by_its_transport_a_handler_that_ignores_its_token_is_abandoned_after_the_grace() {
     use acemq_layers::cancel::Wakeable;
     use futures::stream::{FuturesUnordered, StreamExt};
-    let root = CancellationToken::new();
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            CancelLayer::new(root.clone())
-                .abandon_after(Duration::from_secs(2))
-                .woken_by_transport(),
-        )
-        .service_fn(ignoring);
+    let (root, mut svc) = woken_by_transport_around_ignoring!();
     // A transport: each request wrapped, all polled through one set (which
     // polls a request only when it was woken).
     let mut running = FuturesUnordered::new();
@@ -429,14 +438,7 @@ async fn woken_by_its_transport_a_handler_that_ignores_its_token_is_abandoned_af
 async fn woken_by_its_transport_a_request_first_polled_after_the_wake_is_still_abandoned() {
     use acemq_layers::cancel::Wakeable;
     use futures::stream::{FuturesUnordered, StreamExt};
-    let root = CancellationToken::new();
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            CancelLayer::new(root.clone())
-                .abandon_after(Duration::from_secs(2))
-                .woken_by_transport(),
-        )
-        .service_fn(ignoring);
+    let (root, mut svc) = woken_by_transport_around_ignoring!();
     let mut running = FuturesUnordered::new();
     running.push(Wakeable::new(svc.ready().await.unwrap().call(delivery())));
     root.cancel();
