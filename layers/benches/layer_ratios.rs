@@ -31,10 +31,11 @@ use std::time::{Duration, Instant};
 
 use acemq_layers::Delivery;
 use tokio::runtime::Runtime;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 #[path = "support/success_path.rs"]
 mod success_path;
+use success_path::run_in;
 
 #[path = "support/cases.rs"]
 mod cases;
@@ -85,38 +86,19 @@ where
     S::Error: Debug,
 {
     use acemq_layers::cancel::{Slots, Wakeable};
-    use futures::stream::{FuturesUnordered, StreamExt};
-    use std::hint::black_box;
+    use futures::stream::FuturesUnordered;
     const AT_ONCE: u64 = cases::TASKS;
     rt.block_on(async {
         let start = cases::thread_cpu();
-        let mut started = 0;
         if slots {
             let mut running = Slots::with_capacity(AT_ONCE as usize);
-            while started < iters.min(AT_ONCE) {
-                running.push(svc.ready().await.unwrap().call(d.clone()));
-                started += 1;
-            }
-            while let Some(r) = running.next().await {
-                let _ = black_box(r);
-                if started < iters {
-                    running.push(svc.ready().await.unwrap().call(d.clone()));
-                    started += 1;
-                }
-            }
+            run_in(svc, d, iters, AT_ONCE, &mut running, Slots::push).await;
         } else {
             let mut running = FuturesUnordered::new();
-            while started < iters.min(AT_ONCE) {
-                running.push(Wakeable::new(svc.ready().await.unwrap().call(d.clone())));
-                started += 1;
-            }
-            while let Some(r) = running.next().await {
-                let _ = black_box(r);
-                if started < iters {
-                    running.push(Wakeable::new(svc.ready().await.unwrap().call(d.clone())));
-                    started += 1;
-                }
-            }
+            run_in(svc, d, iters, AT_ONCE, &mut running, |r, fut| {
+                r.push(Wakeable::new(fut));
+            })
+            .await;
         }
         cases::thread_cpu() - start
     })

@@ -32,7 +32,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 #[path = "../benches/support/success_path.rs"]
 mod success_path;
-use success_path::{handle, handle_decision, policy, NoopPublish};
+use success_path::{handle, handle_decision, policy, run_in, NoopPublish};
 
 /// The tests of this file take turns, so that their printed tables do not
 /// interleave (the count is per thread: it needs no turns).
@@ -119,27 +119,20 @@ where
     S::Error: std::fmt::Debug,
 {
     use acemq_layers::cancel::Slots;
-    use futures::StreamExt;
-    const AT_ONCE: usize = 8;
+    const AT_ONCE: u64 = 8;
     let d = alloc_delivery();
     // One container for every measurement, as the loop keeps one per
     // generation: what is counted is what a delivery costs in it.
-    let mut running = Slots::with_capacity(AT_ONCE);
+    let mut running = Slots::with_capacity(AT_ONCE as usize);
     let deliver = |n: usize| {
-        rt.block_on(async {
-            let mut started = 0;
-            while started < n.min(AT_ONCE) {
-                running.push(svc.ready().await.unwrap().call(d.clone()));
-                started += 1;
-            }
-            while let Some(r) = running.next().await {
-                let _ = black_box(r);
-                if started < n {
-                    running.push(svc.ready().await.unwrap().call(d.clone()));
-                    started += 1;
-                }
-            }
-        })
+        rt.block_on(run_in(
+            &mut svc,
+            &d,
+            n as u64,
+            AT_ONCE,
+            &mut running,
+            Slots::push,
+        ));
     };
     per_delivery_beyond_warm_up(deliver)
 }

@@ -153,10 +153,10 @@ impl<F> Slots<F> {
         self.len += 1;
         let (w, bit) = (i / BITS, 1u64 << (i % BITS));
         self.scan[w] |= bit;
+        // A free slot's nudge bit is clear (cleared when its last request
+        // finished).
         if self.woken_all {
             self.nudge[w] |= bit;
-        } else {
-            self.nudge[w] &= !bit;
         }
     }
 
