@@ -8,28 +8,46 @@
 //! [`App`] runs it all: connect, declare the topology, consume, wait for
 //! SIGTERM, drain, exit with a sysexits code.
 
-#[cfg(feature = "axum")]
-pub mod admin;
+//!
+//! # Where things live
+//!
+//! The crate is filed by concern, each room depending only on those above
+//! it in this list (`docs/architecture.md` draws it):
+//!
+//! - `config`: the schema, its validation and errors, durations, broker
+//!   addresses as data, exchanges and bindings as data;
+//! - `amqp`: everything that speaks to the broker — [`connection`],
+//!   [`topology`], [`publisher`], [`convert`] (lapin to acemq types), the
+//!   delivery's span and trace context;
+//! - [`settle`]: the settle ledger, the one writer of settle frames, and the
+//!   public [`Settler`];
+//! - `consumer`: one generation's consumer loop and its counters;
+//! - [`app`]: the runner — the builder, start-up, the supervisor, the
+//!   [`drain`], [`health`], signals and exit codes;
+//! - `ops`: what operators reach for — the [`admin`] router, [`replay`];
+//! - [`stack`] (the layers around a handler), [`testing`] (its in-memory
+//!   harness), and, with `postgres`, the [`outbox`] and [`inbox`].
+
+mod amqp;
 pub mod app;
 pub mod config;
-pub mod connection;
 mod consumer;
-pub mod convert;
-pub mod drain;
-pub mod health;
 #[cfg(feature = "postgres")]
 pub mod inbox;
-mod otel;
+mod ops;
 #[cfg(feature = "postgres")]
 pub mod outbox;
-pub mod publisher;
-pub mod replay;
 pub mod settle;
-mod span;
 pub mod stack;
 #[cfg(feature = "test-util")]
 pub mod testing;
-pub mod topology;
+
+// The public paths, kept where users found them.
+pub use amqp::{connection, convert, publisher, topology};
+pub use app::{drain, health};
+#[cfg(feature = "axum")]
+pub use ops::admin;
+pub use ops::replay;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{

@@ -327,7 +327,7 @@ impl TestQueue {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .known = Some(
-            crate::topology::Topology::for_queue(&queue)
+            crate::amqp::topology::Topology::for_queue(&queue)
                 .into_iter()
                 .map(|d| d.name)
                 .collect(),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use tracing::{error, info};
 
 use super::StartError;
-use crate::drain::{DrainReport, DrainTimeout};
+use crate::app::drain::{DrainReport, DrainTimeout};
 
 /// Exit code after a clean stop (also a stop signal during start-up, when
 /// nothing was taken from any queue).

@@ -7,7 +7,9 @@
 //!   every phase;
 //! - `exit` holds the exit codes and their one-line reasons.
 
+pub mod drain;
 mod exit;
+pub mod health;
 mod signals;
 mod supervisor;
 
@@ -24,17 +26,18 @@ use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 use tracing::{info, warn};
 
-use crate::config::{Config, ConfigError, QueueConfig};
-use crate::connection::{
+use crate::amqp::connection::{
     connect_any_via, redact, resolve_addresses, ConnectError, ConnectOptions, ConnectRequest,
     ConnectionFactory, ConnectionRole, Via,
 };
-use crate::consumer::{ledger::Bounds, ConsumerLoop, End, QueueStats};
-use crate::drain::{Drain, DrainReport, DrainTimeout, Link};
-use crate::health::{Health, Role};
-use crate::publisher::Publisher;
+use crate::amqp::publisher::Publisher;
+use crate::amqp::topology::{Topology, TopologyError};
+use crate::app::drain::{Drain, DrainReport, DrainTimeout, Link};
+use crate::app::health::Health;
+use crate::config::{Config, ConfigError, QueueConfig};
+use crate::consumer::{ConsumerLoop, End, QueueStats};
+use crate::settle::ledger::Bounds;
 use crate::stack::{Outcome, QueueStack};
-use crate::topology::{Topology, TopologyError};
 
 pub use exit::{finish, start_failed, EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, EXIT_UNAVAILABLE};
 pub use signals::Signals;
@@ -144,7 +147,7 @@ pub struct App {
 }
 
 /// Starts a publisher outside handlers and returns how to stop it.
-type BackgroundStart = Box<dyn FnOnce(Publisher) -> crate::drain::Background + Send>;
+type BackgroundStart = Box<dyn FnOnce(Publisher) -> crate::app::drain::Background + Send>;
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -195,7 +198,7 @@ impl App {
                     let stats = handle.stop().await;
                     info!(?stats, "outbox relay stopped before the drain");
                 }) as Pin<Box<dyn Future<Output = ()> + Send>>
-            }) as crate::drain::Background
+            }) as crate::app::drain::Background
         }));
         self
     }
@@ -418,7 +421,7 @@ impl App {
         // from `declared`) and not consumed.
         let declared = config.clone();
         config.queues.retain(|q| q.consume);
-        let worst = crate::drain::worst_case(&config);
+        let worst = crate::app::drain::worst_case(&config);
         if let Some(w) = config.host_deadline_warning() {
             warn!("{w}");
         } else if worst >= config.host_timeout {
@@ -498,16 +501,16 @@ impl App {
             health: health.clone(),
             publisher: publisher.clone(),
             topology,
-            consume: Conn::new(Role::Consumer, consume_tx),
-            publish: Conn::new(Role::Publisher, publish_tx),
+            consume: Conn::new(ConnectionRole::Consumer, consume_tx),
+            publish: Conn::new(ConnectionRole::Publisher, publish_tx),
             intake: CancellationToken::new(),
             draining: CancellationToken::new(),
             root: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config,
         });
-        health.set_connected(Role::Consumer, true);
-        health.set_connected(Role::Publisher, true);
+        health.set_connected(ConnectionRole::Consumer, true);
+        health.set_connected(ConnectionRole::Publisher, true);
         // Every first generation is installed (registered for the drain,
         // its loop spawned) before `Running` exists.
         for (index, opened) in first.into_iter().enumerate() {
@@ -627,7 +630,7 @@ async fn start_phases(
     )
     .await?;
     info!(broker = %c.address, connection = name, "connected (consumers)");
-    health.set_broker(Role::Consumer, Some(c.address));
+    health.set_broker(ConnectionRole::Consumer, Some(c.address));
     let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
     let topology = Topology::from_config(declared);
@@ -642,7 +645,7 @@ async fn start_phases(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let publish_name = format!("{name}{}", Role::Publisher.suffix());
+    let publish_name = format!("{name}{}", ConnectionRole::Publisher.suffix());
     let p = connect_any_via(
         addresses,
         &publish_name,
@@ -655,7 +658,7 @@ async fn start_phases(
         message: e.to_string(),
     })?;
     info!(broker = %p.address, connection = %publish_name, "connected (publisher)");
-    health.set_broker(Role::Publisher, Some(p.address));
+    health.set_broker(ConnectionRole::Publisher, Some(p.address));
     let publish_conn = Arc::new(p.connection);
     opened.push(publish_conn.clone());
     // Consumers start only now, after the topology is declared.

@@ -21,7 +21,7 @@
 //!   new handler starts; what is buffered is handed back only after the
 //!   broker answered `basic.cancel` (a delivery requeued to a still
 //!   registered consumer would come straight back).
-//! - **Settling.** Every outcome goes through the [`ledger`], the only path
+//! - **Settling.** Every outcome goes through the settle ledger, the only path
 //!   that settles: acks coalesce into `multiple` runs, nacks and rejects go
 //!   singly at their turn; held outcomes are flushed on the count, the time
 //!   bound, when the loop is idle with the prefetch window used up (the
@@ -30,11 +30,11 @@
 //!   A handler's concurrency slot is released when it returns, before its
 //!   settle is sent.
 
-pub(crate) mod ledger;
+mod stats;
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -43,58 +43,18 @@ use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::{Channel, Consumer};
-use metrics::Counter;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, PollSemaphore};
 use tower::Service;
 use tracing::{debug, warn, Instrument};
 
+use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::PrefetchPolicy;
-use crate::convert::delivery_from_lapin_on;
-use ledger::{Bounds, Ledger, Op, Outcome};
-
-/// Per-queue counters shared by the loops of every generation, the drain
-/// and the health handle.
-#[derive(Debug, Default)]
-pub(crate) struct QueueStats {
-    /// Deliveries handed back without being handled (policy `hand_back`,
-    /// the pause gate, a drain-cancelled handler).
-    pub(crate) handed_back: AtomicUsize,
-    /// Deliveries fetched and not started when `basic.cancel` was answered,
-    /// plus those the stream yielded after.
-    pub(crate) buffered_after_cancel: AtomicUsize,
-    /// Handlers that finished after the drain began.
-    pub(crate) finished_during_drain: AtomicUsize,
-    /// Handlers finished in all.
-    pub(crate) handled: AtomicUsize,
-    /// Deliveries retried (in the broker).
-    pub(crate) retried: AtomicUsize,
-    /// Deliveries dead-lettered.
-    pub(crate) dead_lettered: AtomicUsize,
-    /// Handlers abandoned after ignoring cancellation.
-    pub(crate) abandoned: AtomicUsize,
-    /// Outcomes dropped because their channel was gone.
-    pub(crate) orphaned: AtomicUsize,
-    /// Settle frames sent (acks, multiple or not, nacks, rejects).
-    pub(crate) settle_frames: AtomicUsize,
-    /// The queue has no live consumer (recovering, or given up): readiness
-    /// is off while any queue is down.
-    pub(crate) down: AtomicBool,
-    /// Now: deliveries fetched and not started (gauge).
-    pub(crate) buffered: AtomicUsize,
-    /// Now: outcomes decided and not yet settled on the wire (gauge).
-    pub(crate) unsettled: AtomicUsize,
-    /// Now: live loops of this queue, all generations (gauge).
-    pub(crate) loops: AtomicUsize,
-    /// Cancelled by the drain once `basic.cancel` has been answered (or has
-    /// failed, or the deadline passed).
-    pub(crate) consumer_cancelled: CancellationToken,
-    /// The runner cancelled the consumer of a queue paused too long: its
-    /// work goes back to the broker until the queue is resumed.
-    pub(crate) parked: AtomicBool,
-}
+use crate::settle::ledger::{Bounds, Ledger, Op, Outcome};
+use crate::settle::wire::send;
+pub(crate) use stats::QueueStats;
+use stats::{record, LoopGauge, Outcomes};
 
 /// Why a generation stopped consuming (told to its queue's runner the
 /// moment it is known; the loop then finishes its handlers on its own).
@@ -111,36 +71,6 @@ pub(crate) enum End {
     /// A pause lasted past `pause_hand_back_after`: the consumer was
     /// cancelled and the work handed back.
     Parked,
-}
-
-/// Pre-registered counter handles, so the hot path builds no metric keys.
-struct Outcomes {
-    ack: Counter,
-    retry: Counter,
-    dead_lettered: Counter,
-    rejected: Counter,
-    handed_back: Counter,
-    abandoned: Counter,
-    orphaned: Counter,
-    duration: metrics::Histogram,
-    frames: Counter,
-}
-
-impl Outcomes {
-    fn new(queue: &str) -> Self {
-        let c = |outcome: &'static str| metrics::counter!("acemq.deliveries", "queue" => queue.to_owned(), "outcome" => outcome);
-        Outcomes {
-            ack: c("ack"),
-            retry: c("retry"),
-            dead_lettered: c("dead-lettered"),
-            rejected: c("rejected-to-dlx"),
-            handed_back: c("handed-back"),
-            abandoned: c("abandoned"),
-            orphaned: c("orphaned"),
-            duration: metrics::histogram!("acemq.handler.duration", "queue" => queue.to_owned()),
-            frames: metrics::counter!("acemq.settle.frames", "queue" => queue.to_owned()),
-        }
-    }
 }
 
 /// Everything one generation's loop is built from.
@@ -564,53 +494,6 @@ where
     }
 }
 
-/// Decrements the queue's live-loop gauge when a loop ends, however it ends.
-struct LoopGauge<'a>(&'a QueueStats);
-
-impl Drop for LoopGauge<'_> {
-    fn drop(&mut self) {
-        self.0.loops.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Updates the counters and metrics for a finished handler.
-fn record(
-    outcomes: &Outcomes,
-    stats: &QueueStats,
-    intake: &CancellationToken,
-    decision: &Decision,
-    started: Instant,
-) {
-    outcomes.duration.record(started.elapsed().as_secs_f64());
-    stats.handled.fetch_add(1, Ordering::Relaxed);
-    if intake.is_cancelled() && !matches!(decision, Decision::HandBack | Decision::Abandoned) {
-        stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
-    }
-    match decision {
-        Decision::Ack => outcomes.ack.increment(1),
-        Decision::Retry(_) => {
-            stats.retried.fetch_add(1, Ordering::Relaxed);
-            outcomes.retry.increment(1)
-        }
-        Decision::DeadLetter(d) => {
-            stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-            if d.published {
-                outcomes.dead_lettered.increment(1)
-            } else {
-                outcomes.rejected.increment(1)
-            }
-        }
-        Decision::Abandoned => {
-            stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            outcomes.abandoned.increment(1)
-        }
-        _ => {
-            stats.handed_back.fetch_add(1, Ordering::Relaxed);
-            outcomes.handed_back.increment(1)
-        }
-    }
-}
-
 /// The stack's outermost future says when the pause gate let a held
 /// delivery through (`acemq.handler.duration` starts there).
 pub(crate) trait Released {
@@ -639,9 +522,9 @@ where
     S::Future: Released + Send + 'static,
 {
     let tag = raw.delivery_tag;
-    let span = crate::span::process_span(queue, &raw);
+    let span = crate::amqp::span::process_span(queue, &raw);
     let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
-    crate::span::record_delivery(&span, &delivery);
+    crate::amqp::span::record_delivery(&span, &delivery);
     let started = Instant::now();
     let fut = span.in_scope(|| service.call(delivery));
     async move {
@@ -664,55 +547,9 @@ where
                 })
             }
         };
-        crate::span::record_decision(&tracing::Span::current(), &decision);
+        crate::amqp::span::record_decision(&tracing::Span::current(), &decision);
         drop(slot);
         (decision, tag, started)
     }
     .instrument(span)
-}
-
-/// Sends one settle. A failure is a closing channel: the broker requeues
-/// what it did not get a settle for. Settles are polled in the order they
-/// were pushed (`FuturesUnordered` runs new futures first-in first-out),
-/// and lapin queues a settle's frame at its first poll: frames go out in
-/// the ledger's order.
-async fn send(channel: &Channel, op: Op, queue: &str) {
-    if let Err(e) = send_op(channel, op).await {
-        debug!(queue = %queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
-    }
-}
-
-/// Puts one ledger op on the wire (the loop's and the
-/// [`Settler`](crate::settle::Settler)'s one way to settle). lapin queues
-/// the frame at the future's first poll.
-pub(crate) async fn send_op(channel: &Channel, op: Op) -> lapin::Result<()> {
-    match op {
-        Op::Ack(tag) => {
-            channel
-                .basic_ack(tag, BasicAckOptions { multiple: false })
-                .await
-        }
-        Op::AckUpTo { tag, .. } => {
-            debug_assert!(tag > 0, "never multiple with tag 0");
-            channel
-                .basic_ack(tag, BasicAckOptions { multiple: true })
-                .await
-        }
-        Op::Requeue(tag) => {
-            channel
-                .basic_nack(
-                    tag,
-                    BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    },
-                )
-                .await
-        }
-        Op::Reject(tag) => {
-            channel
-                .basic_reject(tag, BasicRejectOptions { requeue: false })
-                .await
-        }
-    }
 }

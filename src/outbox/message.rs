@@ -4,7 +4,7 @@
 use acemq_layers::{Headers, Properties, Value};
 use bytes::Bytes;
 
-use crate::convert::{headers_from_table, table_from_headers};
+use crate::amqp::convert::{headers_from_table, table_from_headers};
 
 /// An outgoing message: where it goes, its body, headers and properties.
 ///

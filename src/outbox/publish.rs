@@ -8,8 +8,8 @@ use std::time::Duration;
 use acemq_layers::PublishError;
 
 use super::OutboxRecord;
-use crate::connection::connect;
-use crate::topology::Topology;
+use crate::amqp::connection::connect;
+use crate::amqp::topology::Topology;
 use crate::Publisher;
 
 /// Publishes one outbox record with a publisher confirm, `mandatory` set.
@@ -61,7 +61,7 @@ pub struct StandalonePublisher {
 impl std::fmt::Debug for StandalonePublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StandalonePublisher")
-            .field("broker", &crate::connection::redact(&self.addr))
+            .field("broker", &crate::amqp::connection::redact(&self.addr))
             .field("name", &self.name)
             .finish_non_exhaustive()
     }

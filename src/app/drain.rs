@@ -30,9 +30,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::amqp::connection::ConnectionRole;
+use crate::amqp::publisher::Publisher;
+use crate::app::health::Health;
 use crate::consumer::QueueStats;
-use crate::health::{Health, Role};
-use crate::publisher::Publisher;
 
 /// How long closing a channel or the connection may take before the drain
 /// moves on (a broker that went away must not hold the process).
@@ -66,14 +67,14 @@ impl Link {
         }
     }
 
-    pub(crate) fn connection(&self, role: Role) -> &Mutex<Option<Arc<Connection>>> {
+    pub(crate) fn connection(&self, role: ConnectionRole) -> &Mutex<Option<Arc<Connection>>> {
         match role {
-            Role::Consumer => &self.consume,
-            Role::Publisher => &self.publish,
+            ConnectionRole::Consumer => &self.consume,
+            ConnectionRole::Publisher => &self.publish,
         }
     }
 
-    fn current(&self, role: Role) -> Option<Arc<Connection>> {
+    fn current(&self, role: ConnectionRole) -> Option<Arc<Connection>> {
         self.connection(role)
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -492,7 +493,7 @@ impl Drain {
         .await;
         let mut unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
         self.publisher.shut().await;
-        for role in [Role::Publisher, Role::Consumer] {
+        for role in [ConnectionRole::Publisher, ConnectionRole::Consumer] {
             if let Some(connection) = self.link.current(role) {
                 if connection.status().connected()
                     && tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))

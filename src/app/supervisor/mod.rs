@@ -29,13 +29,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use super::{LoopFuture, StartError, Starter};
+use crate::amqp::connection::ConnectionRole;
+use crate::amqp::connection::{connect_any_via, ConnectOptions, ConnectionFactory, Via};
+use crate::amqp::publisher::Publisher;
+use crate::amqp::topology::Topology;
+use crate::app::drain::{Link, QueueHandle};
+use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
-use crate::connection::{connect_any_via, ConnectOptions, ConnectionFactory, Via};
 use crate::consumer::{End, QueueStats};
-use crate::drain::{Link, QueueHandle};
-use crate::health::{Health, Role};
-use crate::publisher::Publisher;
-use crate::topology::Topology;
 
 /// How often a connection's status is looked at again when no event came.
 const STATUS_RECHECK: Duration = Duration::from_secs(1);
@@ -83,7 +84,7 @@ impl Backoff {
 /// One of the two connections: the current one (`None` while it is being
 /// reopened), for whoever needs it.
 pub(crate) struct Conn {
-    pub(crate) role: Role,
+    pub(crate) role: ConnectionRole,
     pub(crate) tx: watch::Sender<Option<Arc<Connection>>>,
     /// Poked by a runner whose generation was lost with its connection, so
     /// the supervisor looks at once.
@@ -91,7 +92,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(role: Role, tx: watch::Sender<Option<Arc<Connection>>>) -> Self {
+    pub(crate) fn new(role: ConnectionRole, tx: watch::Sender<Option<Arc<Connection>>>) -> Self {
         Conn {
             role,
             tx,
@@ -576,7 +577,7 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
                     shared.config.connect_timeout,
                     &shared.options,
                     Some(Via {
-                        role: role.into(),
+                        role,
                         factory: shared.factory.as_ref(),
                     }),
                 )

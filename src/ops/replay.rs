@@ -58,8 +58,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Confirmation, Connection};
 
-use crate::connection::{connect, redact, ConnectError};
-use crate::convert::{headers_from_table, properties_from_lapin, properties_to_lapin};
+use crate::amqp::connection::{connect, redact, ConnectError};
+use crate::amqp::convert::{headers_from_table, properties_from_lapin, properties_to_lapin};
 
 /// What to replay.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -48,6 +48,7 @@ use std::time::Duration;
 use acemq_layers::{rung_name, RetryPolicy};
 use serde::Deserialize;
 
+pub(crate) mod address;
 mod routing;
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 
@@ -612,7 +613,7 @@ impl Config {
             ));
         }
         for (i, addr) in self.addresses.iter().enumerate() {
-            if let Err(reason) = crate::connection::check_address(addr) {
+            if let Err(reason) = address::check_address(addr) {
                 return Err(ConfigError::invalid(
                     format!("addresses[{i}]"),
                     reason,

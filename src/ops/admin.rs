@@ -100,7 +100,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
+use crate::app::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
 
 /// The admin routes over `health` (see the [module docs](crate::admin)).
 pub fn router(health: Health) -> Router {
@@ -267,8 +267,8 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::amqp::connection::ConnectionRole;
     use crate::consumer::QueueStats;
-    use crate::health::Role;
 
     fn health_with(queues: &[&str]) -> (Health, Vec<PauseHandle>) {
         let health = Health::new();
@@ -317,8 +317,8 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(parse(&body)["ready"], json!(false));
 
-        health.set_connected(Role::Consumer, true);
-        health.set_connected(Role::Publisher, true);
+        health.set_connected(ConnectionRole::Consumer, true);
+        health.set_connected(ConnectionRole::Publisher, true);
         let (status, body) = call(&app, "GET", "/readyz").await;
         assert_eq!(status, StatusCode::OK);
         let snap = parse(&body);
@@ -334,8 +334,8 @@ mod tests {
     #[tokio::test]
     async fn pause_and_resume_answer_the_new_snapshot_and_leave_readiness_alone() {
         let (health, gates) = health_with(&["a", "b"]);
-        health.set_connected(Role::Consumer, true);
-        health.set_connected(Role::Publisher, true);
+        health.set_connected(ConnectionRole::Consumer, true);
+        health.set_connected(ConnectionRole::Publisher, true);
         let app = router(health.clone());
 
         let (status, body) = call(&app, "POST", "/queues/b/pause").await;

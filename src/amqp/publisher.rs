@@ -44,8 +44,8 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::convert::properties_to_lapin;
-use crate::topology::{declare_one, Topology};
+use crate::amqp::convert::properties_to_lapin;
+use crate::amqp::topology::{declare_one, Topology};
 
 /// A confirm-mode publisher on the publishing connection (an example is in
 /// the [module docs](crate::publisher)). Cheap to clone;
@@ -271,7 +271,7 @@ impl Publisher {
         };
         let transport =
             |e: lapin::Error| PublishError::transport_with_source(&*target, e.to_string(), e);
-        let properties = crate::otel::inject_properties(properties);
+        let properties = crate::amqp::otel::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
         let ch = self.usable_channel(&conn).await.map_err(transport)?;
@@ -341,7 +341,7 @@ impl Publish for Publisher {
         let mut headers = message.headers;
         // The broker's own redelivery count is not the copy's.
         headers.remove("x-delivery-count");
-        crate::otel::inject_copy(&mut headers);
+        crate::amqp::otel::inject_copy(&mut headers);
         let props = properties_to_lapin(message.delivery.properties(), &headers);
         self.send("", message.queue, message.delivery.body(), props)
             .await

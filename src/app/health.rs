@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 use acemq_layers::{InFlightCounter, PauseHandle};
 use serde::Serialize;
 
+use crate::amqp::connection::ConnectionRole;
 use crate::consumer::QueueStats;
 
 /// A cloneable handle on the process's readiness and per-queue state.
@@ -52,32 +53,6 @@ use crate::consumer::QueueStats;
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     inner: Arc<Inner>,
-}
-
-/// Which of the two connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// Consumes (and settles); never publishes.
-    Consumer,
-    /// Publishes rung copies, dead-letter copies and user messages.
-    Publisher,
-}
-
-impl Role {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Role::Consumer => "consumer",
-            Role::Publisher => "publisher",
-        }
-    }
-
-    /// Added to the connection name.
-    pub(crate) fn suffix(self) -> &'static str {
-        match self {
-            Role::Consumer => "",
-            Role::Publisher => " (publisher)",
-        }
-    }
 }
 
 /// No queue by that name is consumed here.
@@ -188,24 +163,24 @@ impl Health {
         &self.inner.in_flight
     }
 
-    pub(crate) fn set_connected(&self, role: Role, connected: bool) {
+    pub(crate) fn set_connected(&self, role: ConnectionRole, connected: bool) {
         let flag = match role {
-            Role::Consumer => &self.inner.connected,
-            Role::Publisher => &self.inner.publisher_connected,
+            ConnectionRole::Consumer => &self.inner.connected,
+            ConnectionRole::Publisher => &self.inner.publisher_connected,
         };
         flag.store(connected, Ordering::Release);
     }
 
-    pub(crate) fn set_broker(&self, role: Role, broker: Option<String>) {
+    pub(crate) fn set_broker(&self, role: ConnectionRole, broker: Option<String>) {
         let i = match role {
-            Role::Consumer => 0,
-            Role::Publisher => 1,
+            ConnectionRole::Consumer => 0,
+            ConnectionRole::Publisher => 1,
         };
         self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[i] = broker;
     }
 
-    pub(crate) fn set_blocked(&self, role: Role, blocked: bool) {
-        if role == Role::Publisher {
+    pub(crate) fn set_blocked(&self, role: ConnectionRole, blocked: bool) {
+        if role == ConnectionRole::Publisher {
             self.inner.blocked.store(blocked, Ordering::Release);
         }
     }

@@ -51,7 +51,7 @@ pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span 
     if let Some(id) = raw.properties.correlation_id() {
         span.record("messaging.message.conversation_id", id.as_str());
     }
-    crate::otel::extract(&span, queue, raw);
+    crate::amqp::otel::extract(&span, queue, raw);
     span
 }
 
