@@ -22,7 +22,8 @@
 //!   `ACEMQ_BENCH_MULTI_ACK` (default 50), capped at prefetch/2 (else the
 //!   broker would stop sending before the `M`-th delivery); never tag 0;
 //! - **B** — `acemq::App` with the full stack (pause, in-flight,
-//!   dead-letter, retry, cancel), `start()`, wait until `N` handled,
+//!   dead-letter, redelivery limit, retry, cancel), `start()`, wait until
+//!   `N` handled,
 //!   `drain()`; `ack_batch` as the config's default, or as
 //!   `ACEMQ_BENCH_ACK_BATCH` says;
 //! - **B0** — the same with `ack_batch: 0` (coalescing off; only when
@@ -330,10 +331,9 @@ impl Settings {
 
     /// The config acemq's consumer runs with, for `kind` (B or B0).
     ///
-    /// TODO(ack_batch): `QueueConfig::ack_batch` (the lead's field, issue 15)
-    /// is set through the YAML key `ack_batch`, the value as
-    /// `ACEMQ_BENCH_ACK_BATCH` / `ACEMQ_BENCH_ACK_BATCH_OFF` write it. If the
-    /// field gets another key or its off value is not `0`, change only this
+    /// `QueueConfig::ack_batch` is set through the YAML key `ack_batch`, the
+    /// value as `ACEMQ_BENCH_ACK_BATCH` / `ACEMQ_BENCH_ACK_BATCH_OFF` write
+    /// it. Should the key or its off value (`0`) change, change only this
     /// function (or the env defaults above).
     fn acemq_config(
         &self,

@@ -1,5 +1,5 @@
-//! The program issue 11 describes, written with none of the workarounds: a
-//! consumer of an `invoices` queue fed through a topic exchange, with your
+//! A consumer built from acemq's own extension points only: an
+//! `invoices` queue fed through a topic exchange, with your
 //! own layers outside the acemq stack (an audit of every final outcome) and
 //! around the handler (a timeout per attempt), a follow-up publish from the
 //! handler through the publisher handle taken before start, the admin router

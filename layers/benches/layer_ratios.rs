@@ -22,7 +22,7 @@
 //! python3 scripts/layer_chart.py target/layer-ratios.json docs/layer-overhead.png
 //! ```
 //!
-//! Target (issue 15): each layer ≤ 1.0× the yardstick's added cost.
+//! Target: each layer ≤ 1.0× the yardstick's added cost.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -72,8 +72,8 @@ impl<'a> Visit for Collect<'a> {
 
 /// Times `iters` deliveries through `svc` as a transport runs them: 8 at a
 /// time in one task, the next started as one finishes, in `FuturesUnordered`
-/// with each future in a `Wakeable` (acemq's consumer loop until round six)
-/// or in `Slots` (since).
+/// with each future in a `Wakeable` (what a transport reaches for first) or
+/// in `Slots` (acemq's consumer loop's container).
 fn time_in_container<S>(
     rt: &Runtime,
     svc: &mut S,

@@ -2,8 +2,9 @@
 //!
 //! One [`Delivery`] (256-byte body) goes through a bare `service_fn` handler,
 //! through each layer alone around the same handler, and through the full
-//! stack as `acemq`'s runner builds it (pause → in-flight → dead-letter →
-//! retry → cancel → handler). Every case is on the success path: the handler
+//! stack in the order `acemq`'s runner builds it (pause → in-flight →
+//! dead-letter → retry → cancel → handler; the runner also has the
+//! redelivery limit between dead-letter and retry, not measured here). Every case is on the success path: the handler
 //! returns `Ok`, the gate is open, the no-op publisher is never called.
 //!
 //! The runtime (`current_thread`) is built once, outside the timed loop; each

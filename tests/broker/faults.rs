@@ -1,9 +1,9 @@
-//! Issue 10's faults, reproduced against the broker: a lost connection with
-//! a full prefetch buffer, work of a lost connection published on the new
-//! one, a queue deleted under its consumer, a loop killed by a panic outside
-//! `call`, signals during start-up and other signals, a drain whose
-//! `basic.cancel` hangs, and the shop's small faults (plural, connection
-//! name).
+//! Faults on one connection or process, reproduced against the broker: a
+//! lost connection with a full prefetch buffer, work of a lost connection
+//! published on the new one, a queue deleted under its consumer, a loop
+//! killed by a panic outside `call`, signals during start-up and other
+//! signals, a drain whose `basic.cancel` hangs, and the shop's small faults
+//! (plural, connection name).
 //!
 //! Connection faults go through a [`Proxy`] of the test's own (cut, stall):
 //! no other test's connection is touched. Every queue is deleted by a drop

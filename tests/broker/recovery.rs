@@ -1,6 +1,6 @@
 //! A queue deleted while it is consumed: the broker cancels the consumer
 //! (and a publish to it is unroutable). The runner must declare the queue's
-//! topology again and consume it within seconds (issue 10, item 3).
+//! topology again and consume it within seconds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

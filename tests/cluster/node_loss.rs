@@ -1,4 +1,4 @@
-//! Nodes lost under load (issue 12): a quorum queue with dead-lettering and
+//! Nodes lost under load: a quorum queue with dead-lettering and
 //! a quorum rung, declared on the cluster; a steady confirmed publisher on
 //! its own connection through all three addresses; the consumer on another
 //! node than the queue's leader. Then, in turn: the consumer's node killed

@@ -1,7 +1,7 @@
 //! A broker restart under load: a steady publisher with confirms on its own
 //! connection, the App consuming, `rabbitmqctl stop_app`, 5 s, `start_app`.
 //! Readiness goes off then on, every confirmed message is handled, and
-//! duplicates stay within the prefetch (issue 10, "Broker-wide faults").
+//! duplicates stay within the prefetch.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

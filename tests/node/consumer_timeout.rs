@@ -2,7 +2,7 @@
 //! broker closes the channel (`PRECONDITION_FAILED - delivery
 //! acknowledgement on channel 1 timed out`, checked about once a minute),
 //! and the queue must be consumed again, the message redelivered and
-//! handled: nothing lost (issue 10, item 3).
+//! handled: nothing lost.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

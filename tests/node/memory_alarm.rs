@@ -2,7 +2,7 @@
 //! on a rung: RabbitMQ blocks every connection that publishes, so a stack
 //! that publishes its rung copy on the consumers' connection stops its own
 //! acks. Successes must keep being acked during the alarm, the retry must
-//! proceed once it clears, nothing lost (issue 10, item 5).
+//! proceed once it clears, nothing lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

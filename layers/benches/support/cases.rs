@@ -86,9 +86,10 @@ pub(crate) trait Visit {
 pub(crate) const YARDSTICK_PERMITS: usize = 8;
 
 /// Every case around `$handler`, in order: bare, the yardstick (tower's
-/// `ConcurrencyLimit`), each layer alone, and the full stack as
-/// `acemq::App::consume` builds it (pause → in-flight → dead-letter → retry
-/// → cancel, the cancel layer woken by the loop, which runs each request in
+/// `ConcurrencyLimit`), each layer alone, and the full stack in
+/// `acemq::App::consume`'s order (pause → in-flight → dead-letter → retry
+/// → cancel; `App` also has the redelivery limit between dead-letter and
+/// retry, not measured here; the cancel layer woken by the loop, which runs each request in
 /// a slot of its `Slots` with a waker made once per slot — nothing per
 /// request; its own cost is measured apart, `layer_ratios`' container
 /// group — and given the generation's token that the deliveries' lifeline
