@@ -29,7 +29,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError, QueueConfig};
+use super::error::ConfigError;
+use super::queue::QueueConfig;
+use super::schema::Config;
 
 /// An exchange to declare before any queue is bound to it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

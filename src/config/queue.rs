@@ -1,0 +1,368 @@
+//! One queue's config: [`QueueConfig`], its [`RetriesConfig`] and
+//! [`AckBatch`], the [`QueueType`], and the drain's [`PrefetchPolicy`].
+
+use std::time::Duration;
+
+use acemq_layers::{rung_name, RetryPolicy};
+use serde::Deserialize;
+
+use super::duration;
+use super::routing::{Arguments, BindingConfig};
+
+/// What a drain does with deliveries buffered in the channel that no handler
+/// has started. Serialised as `hand_back` or `handle_buffered`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefetchPolicy {
+    /// Leave them unacknowledged so the broker redelivers them after the
+    /// restart; they are counted as handed back. The drain is bounded by
+    /// `concurrency`. The default.
+    #[default]
+    HandBack,
+    /// Handle them before the drain finishes. The drain is bounded by
+    /// `prefetch`.
+    HandleBuffered,
+}
+
+/// The RabbitMQ queue type, the `x-queue-type` argument. Serialised as
+/// `classic` or `quorum`. The dead-letter queue and the rungs take the type of
+/// their queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// A classic queue. The default.
+    #[default]
+    Classic,
+    /// A quorum queue (replicated; its rungs dead-letter at least once).
+    Quorum,
+}
+
+impl QueueType {
+    /// The value of the `x-queue-type` argument: `classic` or `quorum`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+}
+
+/// One queue to consume, and what its failures do.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// The queue's name in RabbitMQ (required; not empty, no whitespace or
+    /// control characters, not starting with `amq.`).
+    pub name: String,
+    /// The queue type, key `type` (default [`QueueType::Classic`]).
+    #[serde(rename = "type", default)]
+    pub kind: QueueType,
+    /// How many unacknowledged deliveries the broker may send ahead, the
+    /// consumer's `basic.qos` (default 32; at least 1).
+    #[serde(default = "QueueConfig::default_prefetch")]
+    pub prefetch: u16,
+    /// How many handlers may run at once on this queue (default 8; at least
+    /// 1).
+    #[serde(default = "QueueConfig::default_concurrency")]
+    pub concurrency: usize,
+    /// Declare `{name}.dlq` and dead-letter there, with the reason, what
+    /// fails for good (default false).
+    #[serde(default)]
+    pub dead_letter: bool,
+    /// The retry schedule (default none: one attempt, no retry).
+    #[serde(default)]
+    pub retries: Option<RetriesConfig>,
+    /// Acknowledgement coalescing (default on: see [`AckBatch`]); `0` turns
+    /// it off.
+    #[serde(default)]
+    pub ack_batch: AckBatch,
+
+    // -- routing and the redelivery bound: see `config/routing.rs` --
+    /// Consume the queue (default true). `false`: the queue (and its
+    /// dead-letter queue, rungs and bindings) is declared, and nothing
+    /// consumes it here — a queue this process only publishes to. It then
+    /// takes no handler.
+    #[serde(default = "QueueConfig::default_consume")]
+    pub consume: bool,
+    /// Declare nothing for the queue: it is declared elsewhere (by an
+    /// operator, another service) and acemq only checks that it exists — and
+    /// that its `.dlq` and rungs do, when `dead_letter` and `retries` ask for
+    /// them — failing the start with an error naming it if not (default
+    /// false). A passive queue takes no `arguments` and no `bindings`.
+    #[serde(default)]
+    pub passive: bool,
+    /// Further arguments of the queue's declaration, passed through as they
+    /// are (default none): `x-max-length`, `x-single-active-consumer`,
+    /// `x-max-priority`, … They must match an existing queue's. acemq sets
+    /// `x-queue-type` (from `type`) and, with `dead_letter`, the
+    /// `x-dead-letter-*` arguments itself; those are rejected here. Only the
+    /// queue itself takes them, not its `.dlq` or rungs.
+    #[serde(default)]
+    pub arguments: Arguments,
+    /// Bindings of the queue to exchanges (default none: the queue is
+    /// reached through the default exchange by its name, as always).
+    #[serde(default)]
+    pub bindings: Vec<BindingConfig>,
+    /// The most times the broker may redeliver a message before it is
+    /// dead-lettered with reason `redelivered`, without calling the handler
+    /// (default 50; at least 1). Read from the `x-delivery-count` header,
+    /// which only quorum queues set; see
+    /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
+    #[serde(default = "QueueConfig::default_max_redeliveries")]
+    pub max_redeliveries: u32,
+}
+
+impl QueueConfig {
+    /// The default `prefetch`: 32.
+    pub const DEFAULT_PREFETCH: u16 = 32;
+    /// The default `concurrency`: 8.
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+
+    /// A queue named `name` with every other field at its default: classic,
+    /// prefetch 32, concurrency 8, no dead-letter queue, no retries.
+    pub fn new(name: impl Into<String>) -> Self {
+        QueueConfig {
+            name: name.into(),
+            kind: QueueType::Classic,
+            prefetch: QueueConfig::DEFAULT_PREFETCH,
+            concurrency: QueueConfig::DEFAULT_CONCURRENCY,
+            dead_letter: false,
+            retries: None,
+            ack_batch: AckBatch::default(),
+            consume: true,
+            passive: false,
+            arguments: Arguments::new(),
+            bindings: Vec::new(),
+            max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
+        }
+    }
+
+    /// The default `max_redeliveries`: 50.
+    pub const DEFAULT_MAX_REDELIVERIES: u32 = acemq_layers::DEFAULT_MAX_REDELIVERIES;
+
+    fn default_consume() -> bool {
+        true
+    }
+
+    fn default_max_redeliveries() -> u32 {
+        QueueConfig::DEFAULT_MAX_REDELIVERIES
+    }
+
+    fn default_prefetch() -> u16 {
+        QueueConfig::DEFAULT_PREFETCH
+    }
+
+    fn default_concurrency() -> usize {
+        QueueConfig::DEFAULT_CONCURRENCY
+    }
+
+    /// The retry schedule: from `retries`, or [`RetryPolicy::none`] (one
+    /// attempt) when there is none.
+    pub fn policy(&self) -> RetryPolicy {
+        self.retries
+            .as_ref()
+            .map_or_else(RetryPolicy::none, RetriesConfig::policy)
+    }
+
+    /// The name of the dead-letter queue: `{name}.dlq`.
+    pub fn dlq_name(&self) -> String {
+        format!("{}.dlq", self.name)
+    }
+
+    /// The rung queues of the schedule, one per distinct delay at or above
+    /// `broker_wait_threshold`, in increasing order of delay: name
+    /// (`{name}.retry.20s`) and delay (the rung's TTL). Empty without retries.
+    pub fn rungs(&self) -> Vec<(String, Duration)> {
+        self.policy()
+            .rung_delays()
+            .into_iter()
+            .map(|delay| (rung_name(&self.name, delay), delay))
+            .collect()
+    }
+}
+
+/// A queue's retry schedule: attempt `n` that fails is followed by attempt
+/// `n + 1` after `min(initial_delay · 2^(n-1), max_delay)`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RetriesConfig {
+    /// Attempts in all, the first included (required; at least 1; 1 means no
+    /// retry).
+    pub max_attempts: u32,
+    /// The delay after the first failure (required; not zero).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub initial_delay: Duration,
+    /// The cap on any delay (required; at least `initial_delay`).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub max_delay: Duration,
+    /// Delays at or above this wait on a rung queue in the broker, shorter
+    /// ones in this process (default 30 s).
+    #[serde(
+        default = "RetriesConfig::default_broker_wait_threshold",
+        deserialize_with = "duration::deserialize"
+    )]
+    pub broker_wait_threshold: Duration,
+    /// Randomise in-process delays by ±20 % (default false).
+    #[serde(default)]
+    pub jitter: bool,
+    /// Retry a handler that panicked like a transient failure (default false:
+    /// a panic is dead-lettered with reason `panic`).
+    #[serde(default)]
+    pub retry_panics: bool,
+}
+
+impl RetriesConfig {
+    /// The default `broker_wait_threshold`: 30 s.
+    pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
+
+    /// A schedule of `max_attempts` in all, `initial_delay` doubling up to
+    /// `max_delay`, with the other fields at their defaults
+    /// (`broker_wait_threshold` 30 s, no jitter, panics not retried). The
+    /// struct is `#[non_exhaustive]`: set the other fields on the value this
+    /// returns.
+    pub fn new(max_attempts: u32, initial_delay: Duration, max_delay: Duration) -> Self {
+        RetriesConfig {
+            max_attempts,
+            initial_delay,
+            max_delay,
+            broker_wait_threshold: RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD,
+            jitter: false,
+            retry_panics: false,
+        }
+    }
+
+    fn default_broker_wait_threshold() -> Duration {
+        RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD
+    }
+
+    /// The retry schedule this describes.
+    pub fn policy(&self) -> RetryPolicy {
+        let mut policy =
+            RetryPolicy::exponential(self.max_attempts, self.initial_delay, self.max_delay);
+        policy.broker_wait_threshold = self.broker_wait_threshold;
+        policy.jitter = self.jitter;
+        policy.retry_panics = self.retry_panics;
+        policy
+    }
+}
+
+impl RetriesConfig {
+    /// The config form of a policy given in code.
+    pub fn from_policy(p: &RetryPolicy) -> Self {
+        RetriesConfig {
+            max_attempts: p.max_attempts,
+            initial_delay: p.initial_delay,
+            max_delay: p.max_delay,
+            broker_wait_threshold: p.broker_wait_threshold,
+            jitter: p.jitter,
+            retry_panics: p.retry_panics,
+        }
+    }
+}
+
+/// How a queue's acknowledgements are coalesced: one `basic.ack` with
+/// `multiple` for a contiguous run of acknowledged deliveries, each
+/// delivery still settled exactly once with its own outcome.
+///
+/// In config: `ack_batch: 0` turns it off (every delivery acknowledged on
+/// its own, at once); `ack_batch: 20` sets the run's length; `ack_batch:
+/// { count: 20, delay: "2ms" }` sets both bounds. By default the run is
+/// flushed at `min(50, prefetch / 2)` tags (at least 1), or 2 ms after the
+/// oldest acknowledgement it holds, or as soon as the loop is idle while
+/// every tag the prefetch allows is unsettled (the broker then waits for a
+/// settle), and always before a cancel, a channel close or a drain step. An
+/// idle loop with room in the window does not flush at once: more is on its
+/// way, and flushing at every lull would send an acknowledgement per burst
+/// of frames, not per run (measured: the broker's CPU per message fell to
+/// the plain multi-ack consumer's, BENCHMARKS.md).
+///
+/// The cost: an acknowledgement still held when the process is killed
+/// (SIGKILL, OOM) is lost, and that delivery is redelivered — a duplicate,
+/// never a loss. A SIGTERM costs nothing: the drain flushes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AckBatch {
+    /// The run's length; `None` for the default; `Some(0)` off.
+    pub count: Option<usize>,
+    /// The time bound; `None` for the default (2 ms).
+    pub delay: Option<Duration>,
+}
+
+impl AckBatch {
+    /// The default time bound: 2 ms.
+    pub const DEFAULT_DELAY: Duration = Duration::from_millis(2);
+    /// The cap on the default run length: 50.
+    pub const DEFAULT_MAX_COUNT: usize = 50;
+
+    /// Coalescing off: every delivery acknowledged on its own.
+    pub const fn off() -> Self {
+        AckBatch {
+            count: Some(0),
+            delay: None,
+        }
+    }
+
+    /// Runs of at most `count` (0: off), flushed after `delay` at the latest.
+    pub const fn new(count: usize, delay: Duration) -> Self {
+        AckBatch {
+            count: Some(count),
+            delay: Some(delay),
+        }
+    }
+
+    /// The run length and time bound for a queue with `prefetch`.
+    pub fn bounds(&self, prefetch: u16) -> (usize, Duration) {
+        let count = self
+            .count
+            .unwrap_or_else(|| (usize::from(prefetch) / 2).clamp(1, AckBatch::DEFAULT_MAX_COUNT));
+        (count, self.delay.unwrap_or(AckBatch::DEFAULT_DELAY))
+    }
+}
+
+impl<'de> Deserialize<'de> for AckBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Count(usize),
+            Table {
+                #[serde(default)]
+                count: Option<usize>,
+                #[serde(default, with = "duration::option")]
+                delay: Option<Duration>,
+            },
+        }
+        match Form::deserialize(deserializer).map_err(|_| {
+            serde::de::Error::custom(
+                "ack_batch: expected a run length (0 turns coalescing off, e.g. 20) or a table \
+                 { count: 20, delay: \"2ms\" }",
+            )
+        })? {
+            Form::Count(n) => Ok(AckBatch {
+                count: Some(n),
+                delay: None,
+            }),
+            Form::Table { count, delay } => Ok(AckBatch { count, delay }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use acemq_layers::RetryPolicy;
+
+    use crate::config::test_support::one_queue;
+    use crate::config::*;
+
+    #[test]
+    fn a_queue_without_retries_has_one_attempt_and_no_rungs() {
+        let config = Config::from_yaml_str(&one_queue("name: plain")).unwrap();
+        let q = &config.queues[0];
+        assert_eq!(q.policy(), RetryPolicy::none());
+        assert!(q.rungs().is_empty());
+        assert_eq!(q, &QueueConfig::new("plain"));
+        assert!(!q.dead_letter);
+    }
+}
