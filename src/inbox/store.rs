@@ -7,8 +7,8 @@ use acemq_layers::inbox::{Begun, InboxStore};
 use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
 
-use super::PgTransaction;
-use crate::outbox::OutboxError;
+use super::transaction::PgTransaction;
+use crate::outbox::error::{db, OutboxError};
 
 const MARK: &str =
     "INSERT INTO acemq_inbox (queue, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
@@ -25,10 +25,6 @@ impl fmt::Debug for PgInbox {
             .field("pool", &self.pool.status())
             .finish()
     }
-}
-
-fn db(doing: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
-    move |source| OutboxError::Database { doing, source }
 }
 
 impl PgInbox {

@@ -7,9 +7,10 @@ use std::time::Duration;
 use acemq_layers::PublishError;
 use deadpool_postgres::Pool;
 
-use super::message::COLUMNS;
-use super::relay::Stats;
-use super::{OutboxError, OutboxPublish, OutboxRecord};
+use super::error::{db, OutboxError};
+use super::message::{OutboxRecord, COLUMNS};
+use super::publish::OutboxPublish;
+use super::stats::Stats;
 
 /// What a batch did.
 #[derive(Debug, Default)]
@@ -20,10 +21,6 @@ pub(crate) struct Batch {
     pub(crate) transport_errors: usize,
     /// The first transport error, for the log.
     pub(crate) first_error: Option<String>,
-}
-
-fn db(doing: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
-    move |source| OutboxError::Database { doing, source }
 }
 
 /// Claims up to `limit` pending rows (skipping those another relay holds),

@@ -3,8 +3,8 @@
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
+use super::error::OutboxError;
 use super::message::{encode_headers, OutboxMessage};
-use super::OutboxError;
 
 const INSERT: &str = "INSERT INTO acemq_outbox (message_id, exchange, routing_key, body, headers, \
     content_type, content_encoding, correlation_id, reply_to, expiration, priority, kind, \

@@ -79,72 +79,25 @@
 
 mod batch;
 mod enqueue;
+pub(crate) mod error;
 mod message;
+mod pool;
 mod publish;
 mod relay;
 mod schema;
+mod stats;
 
 pub use enqueue::Outbox;
+pub use error::OutboxError;
 pub use message::{OutboxMessage, OutboxRecord};
+pub use pool::pool;
 pub use publish::{OutboxPublish, StandalonePublisher};
-pub use relay::{Relay, RelayConfig, RelayHandle, RelayStats};
+pub use relay::{Relay, RelayConfig, RelayHandle};
 pub use schema::migrate;
+pub use stats::RelayStats;
 
 /// The connection pool acemq is built on.
 pub use deadpool_postgres;
 /// The PostgreSQL client acemq is built on (the same version: use it for
 /// your own statements).
 pub use tokio_postgres;
-
-/// Why an outbox (or inbox store) operation failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OutboxError {
-    /// A statement failed.
-    #[error("PostgreSQL error while {doing}: {source}")]
-    Database {
-        /// What was being done.
-        doing: &'static str,
-        /// The driver's error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// No connection could be taken from the pool.
-    #[error("no PostgreSQL connection from the pool: {message}")]
-    Pool {
-        /// The pool's error.
-        message: String,
-    },
-    /// The connection settings could not be read.
-    #[error("bad PostgreSQL connection settings: {message} (expected e.g. \"host=127.0.0.1 user=postgres dbname=app\" or \"postgresql://user@host/db\")")]
-    Config {
-        /// What was wrong.
-        message: String,
-    },
-}
-
-/// A connection pool of at most `max_size` connections (plain TCP) from a
-/// libpq-style `settings` string (`host=… user=… dbname=…` or a
-/// `postgresql://` URL). The password, if any, never appears in an error.
-pub fn pool(settings: &str, max_size: usize) -> Result<deadpool_postgres::Pool, OutboxError> {
-    let config: tokio_postgres::Config =
-        settings
-            .parse()
-            .map_err(|e: tokio_postgres::Error| OutboxError::Config {
-                message: e.to_string(),
-            })?;
-    let manager = deadpool_postgres::Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        deadpool_postgres::ManagerConfig {
-            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-        },
-    );
-    deadpool_postgres::Pool::builder(manager)
-        .max_size(max_size.max(1))
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .build()
-        .map_err(|e| OutboxError::Config {
-            message: e.to_string(),
-        })
-}

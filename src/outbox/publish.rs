@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use acemq_layers::PublishError;
 
-use super::OutboxRecord;
+use super::message::OutboxRecord;
 use crate::amqp::connection::connect;
 use crate::amqp::topology::Topology;
 use crate::Publisher;

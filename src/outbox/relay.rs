@@ -1,7 +1,7 @@
 //! The relay: a background task that publishes committed outbox rows.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{batch, OutboxPublish};
+use super::batch;
+use super::publish::OutboxPublish;
+use super::stats::{RelayStats, Stats};
 
 /// The relay's settings. Every field has a default, stated on it.
 #[derive(Clone, Debug)]
@@ -63,29 +65,6 @@ impl<P> fmt::Debug for Relay<P> {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-/// Counters the relay keeps (also sent to the `metrics` facade).
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub(crate) published: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) failed_batches: AtomicU64,
-    pub(crate) cleaned: AtomicU64,
-}
-
-/// A snapshot of a relay's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayStats {
-    /// Rows published, confirmed and marked sent.
-    pub published: u64,
-    /// Rows marked failed (returned unroutable, or unreadable).
-    pub failed: u64,
-    /// Batches that failed (broker or database), each followed by a backoff.
-    pub failed_batches: u64,
-    /// Sent rows deleted by cleanup.
-    pub cleaned: u64,
 }
 
 impl<P: OutboxPublish> Relay<P> {

@@ -3,7 +3,7 @@
 
 use tokio_postgres::Client;
 
-use super::OutboxError;
+use super::error::OutboxError;
 
 /// The migrations, in order: (version, name, SQL). Each is idempotent on
 /// its own (`IF NOT EXISTS`), and recorded in `acemq_schema_migrations`.

@@ -1,0 +1,34 @@
+//! [`OutboxError`]: why an outbox (or inbox store) operation failed.
+
+/// Why an outbox (or inbox store) operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// A statement failed.
+    #[error("PostgreSQL error while {doing}: {source}")]
+    Database {
+        /// What was being done.
+        doing: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// No connection could be taken from the pool.
+    #[error("no PostgreSQL connection from the pool: {message}")]
+    Pool {
+        /// The pool's error.
+        message: String,
+    },
+    /// The connection settings could not be read.
+    #[error("bad PostgreSQL connection settings: {message} (expected e.g. \"host=127.0.0.1 user=postgres dbname=app\" or \"postgresql://user@host/db\")")]
+    Config {
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// Maps a driver error to [`OutboxError::Database`], saying what was being
+/// done.
+pub(crate) fn db(doing: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
+    move |source| OutboxError::Database { doing, source }
+}

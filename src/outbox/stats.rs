@@ -1,0 +1,27 @@
+//! The relay's counters: [`Stats`], kept as it runs (each batch adds to
+//! them), and [`RelayStats`], the snapshot its handle gives.
+
+use std::sync::atomic::AtomicU64;
+
+/// Counters the relay keeps (also sent to the `metrics` facade).
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) published: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) failed_batches: AtomicU64,
+    pub(crate) cleaned: AtomicU64,
+}
+
+/// A snapshot of a relay's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Rows published, confirmed and marked sent.
+    pub published: u64,
+    /// Rows marked failed (returned unroutable, or unreadable).
+    pub failed: u64,
+    /// Batches that failed (broker or database), each followed by a backoff.
+    pub failed_batches: u64,
+    /// Sent rows deleted by cleanup.
+    pub cleaned: u64,
+}
