@@ -51,6 +51,7 @@ use acemq_layers::headers::{
     DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
 };
 use acemq_layers::{Headers, Reason};
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -282,30 +283,10 @@ async fn run(
     report: &mut ReplayReport,
 ) -> Result<(), ReplayError> {
     for _ in 0..budget {
-        let message = match get
-            .basic_get(dlq.into(), BasicGetOptions { no_ack: false })
-            .await
-        {
-            Ok(Some(m)) => m,
-            Ok(None) => break,
-            Err(e) => {
-                return Err(ReplayError::Broker {
-                    message: format!("could not read {dlq:?}: {e}"),
-                    report: report.clone(),
-                })
-            }
+        let Some(delivery) = take(get, dlq, report).await? else {
+            break;
         };
-        let delivery = message.delivery;
-        let headers = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .map(headers_from_table)
-            .unwrap_or_default();
-        let reason = headers
-            .get(REASON_HEADER)
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
+        let (headers, reason) = headers_and_reason(&delivery);
         if let Some(wanted) = options.reason {
             if reason.as_deref() != Some(wanted.as_str()) {
                 // Held unacknowledged: given back when the channel closes.
@@ -313,35 +294,7 @@ async fn run(
                 continue;
             }
         }
-        let props = properties_to_lapin(
-            &properties_from_lapin(&delivery.properties),
-            &reset(headers),
-        );
-        let outcome = publish
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &delivery.data,
-                props,
-            )
-            .await;
-        let confirm = match outcome {
-            Ok(pending) => pending.await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let refused = match confirm {
-            Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => None,
-            Ok(Confirmation::Ack(Some(_))) | Ok(Confirmation::Nack(Some(_))) => Some(format!(
-                "no queue named {queue:?}: the broker returned the message (NO_ROUTE)"
-            )),
-            Ok(Confirmation::Nack(None)) => Some("the broker nacked it".to_owned()),
-            Err(e) => Some(e),
-        };
-        if let Some(why) = refused {
+        if let Some(why) = publish_back(publish, queue, &delivery, headers).await {
             let _ = delivery
                 .acker
                 .nack(BasicNackOptions {
@@ -372,6 +325,80 @@ async fn run(
             .or_default() += 1;
     }
     Ok(())
+}
+
+/// Takes the next message of `dlq`, unacknowledged; `None` when it is empty.
+async fn take(
+    get: &Channel,
+    dlq: &str,
+    report: &ReplayReport,
+) -> Result<Option<Delivery>, ReplayError> {
+    match get
+        .basic_get(dlq.into(), BasicGetOptions { no_ack: false })
+        .await
+    {
+        Ok(Some(m)) => Ok(Some(m.delivery)),
+        Ok(None) => Ok(None),
+        Err(e) => Err(ReplayError::Broker {
+            message: format!("could not read {dlq:?}: {e}"),
+            report: report.clone(),
+        }),
+    }
+}
+
+/// The message's headers, and the reason it was dead-lettered for
+/// (`x-acemq-reason`), if it has one.
+fn headers_and_reason(delivery: &Delivery) -> (Headers, Option<String>) {
+    let headers = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(headers_from_table)
+        .unwrap_or_default();
+    let reason = headers
+        .get(REASON_HEADER)
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    (headers, reason)
+}
+
+/// Publishes a copy of `delivery` with its attempt count [`reset`] to
+/// `queue` (mandatory, confirmed); `None` when the broker confirmed it,
+/// else why it was refused.
+async fn publish_back(
+    publish: &Channel,
+    queue: &str,
+    delivery: &Delivery,
+    headers: Headers,
+) -> Option<String> {
+    let props = properties_to_lapin(
+        &properties_from_lapin(&delivery.properties),
+        &reset(headers),
+    );
+    let outcome = publish
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &delivery.data,
+            props,
+        )
+        .await;
+    let confirm = match outcome {
+        Ok(pending) => pending.await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match confirm {
+        Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => None,
+        Ok(Confirmation::Ack(Some(_))) | Ok(Confirmation::Nack(Some(_))) => Some(format!(
+            "no queue named {queue:?}: the broker returned the message (NO_ROUTE)"
+        )),
+        Ok(Confirmation::Nack(None)) => Some("the broker nacked it".to_owned()),
+        Err(e) => Some(e),
+    }
 }
 
 /// The headers of a replayed copy: the attempt count reset (every
