@@ -135,6 +135,7 @@
 //! [`RetryVia::Rung`]: crate::RetryVia::Rung
 //! [`CancellationToken`]: tokio_util::sync::CancellationToken
 
+mod failure;
 pub mod future;
 mod layer;
 mod policy;
