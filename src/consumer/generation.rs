@@ -1,0 +1,237 @@
+//! One generation's state ([`Generation`]) and its transitions: what a
+//! delivery, the end of the stream, a loss, a finished handler and the
+//! hand-back do to it, and when a buffered delivery may start.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
+use lapin::Channel;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio_util::sync::{CancellationToken, PollSemaphore};
+use tower::Service;
+use tracing::{debug, warn};
+
+use super::handler::{start_handler, Finished, Released};
+use super::stats::{record, Outcomes, QueueStats};
+use crate::config::PrefetchPolicy;
+use crate::settle::ledger::{Bounds, Ledger, Op, Outcome};
+
+/// Why a generation stopped consuming (told to its queue's runner the
+/// moment it is known; the loop then finishes its handlers on its own).
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The stream ended after the drain's `basic.cancel`.
+    Drained,
+    /// The broker cancelled the consumer outside a drain (queue deleted).
+    CancelledByBroker,
+    /// The channel or its connection is gone.
+    Lost(lapin::Error),
+    /// The stack's `poll_ready` failed.
+    ServiceFailed(String),
+    /// A pause lasted past `pause_hand_back_after`: the consumer was
+    /// cancelled and the work handed back.
+    Parked,
+}
+
+/// The loop's state, apart from the futures it drives.
+pub(super) struct Generation<'a, S> {
+    pub(super) queue: &'a Arc<str>,
+    pub(super) channel: &'a Channel,
+    pub(super) service: S,
+    pub(super) ready: bool,
+    pub(super) slots: PollSemaphore,
+    pub(super) slot: Option<OwnedSemaphorePermit>,
+    pub(super) policy: PrefetchPolicy,
+    pub(super) dead_letter: bool,
+    pub(super) stats: &'a QueueStats,
+    pub(super) outcomes: Outcomes,
+    pub(super) lifeline: Lifeline,
+    pub(super) cancel: CancellationToken,
+    pub(super) buffer: VecDeque<lapin::message::Delivery>,
+    pub(super) ledger: Ledger,
+    pub(super) ops: Vec<Op>,
+    /// The stream is still read.
+    pub(super) reading: bool,
+    /// The drain stopped intake.
+    pub(super) stopping: bool,
+    /// The broker answered the drain's `basic.cancel`.
+    pub(super) cancel_answered: bool,
+    /// The channel is gone: outcomes are orphans.
+    pub(super) lost: bool,
+    /// A flush of everything held is due.
+    pub(super) force_flush: bool,
+    pub(super) ended: Option<oneshot::Sender<End>>,
+}
+
+impl<S> Generation<'_, S>
+where
+    S: Service<Delivery, Response = Decision, Error = BoxError>,
+    S::Future: Released + Send + 'static,
+{
+    /// Tells the runner why this generation stopped consuming (once).
+    fn end(&mut self, why: End) {
+        if let Some(tx) = self.ended.take() {
+            let _ = tx.send(why);
+        }
+    }
+
+    /// A delivery arrived.
+    pub(super) fn receive(&mut self, raw: lapin::message::Delivery) {
+        if self.lost {
+            return;
+        }
+        self.ledger.receive(raw.delivery_tag);
+        if self.cancel_answered {
+            self.stats
+                .buffered_after_cancel
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.buffer.push_back(raw);
+    }
+
+    /// The stream ended (`None`).
+    pub(super) fn stream_ended(&mut self) {
+        self.reading = false;
+        self.force_flush = true;
+        if self.stopping {
+            self.end(End::Drained);
+        } else if self.stats.parked.load(Ordering::Acquire) {
+            // The runner cancelled this consumer (frames on one channel are
+            // in order: the broker has the cancel before these requeues).
+            self.hand_back_buffered();
+            self.end(End::Parked);
+        } else if !self.channel.status().connected() {
+            self.lose(
+                lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Closed,
+                    "the consumer's stream ended",
+                )
+                .into(),
+            );
+        } else {
+            warn!(queue = %self.queue, "the broker cancelled this consumer (was the queue deleted?); consuming it again");
+            self.end(End::CancelledByBroker);
+        }
+    }
+
+    /// The channel or its connection is gone.
+    pub(super) fn lose(&mut self, error: lapin::Error) {
+        self.reading = false;
+        if self.lost {
+            return;
+        }
+        self.lost = true;
+        self.lifeline.lose();
+        self.cancel.cancel();
+        let dropped = self.buffer.len();
+        self.buffer.clear();
+        self.ledger = Ledger::new(Bounds {
+            count: 0,
+            delay: self.ledger.delay(),
+            window: 0,
+        });
+        self.ops.clear();
+        debug!(queue = %self.queue, dropped, error = %error, "generation lost: buffered deliveries dropped (the broker requeued them), running handlers cancelled");
+        self.end(End::Lost(error));
+    }
+
+    /// A handler finished.
+    pub(super) fn finished(
+        &mut self,
+        (decision, tag, started): Finished,
+        intake: &CancellationToken,
+    ) {
+        if self.lost || !self.channel.status().connected() {
+            self.stats.orphaned.fetch_add(1, Ordering::Relaxed);
+            self.outcomes.orphaned.increment(1);
+            debug!(queue = %self.queue, delivery_tag = tag, outcome = decision.outcome(), "dropping the outcome of an orphaned delivery (its channel is gone; the broker redelivers it)");
+            return;
+        }
+        record(&self.outcomes, self.stats, intake, &decision, started);
+        if let Decision::DeadLetter(d) = &decision {
+            if !d.published && !self.dead_letter {
+                warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
+            }
+        }
+        let outcome = Outcome::of(&decision);
+        self.ledger.record(tag, outcome, &mut self.ops);
+    }
+
+    /// Under `hand_back`, once the cancel is answered: what is buffered
+    /// goes back.
+    pub(super) fn hand_back_buffered(&mut self) {
+        while let Some(raw) = self.buffer.pop_front() {
+            self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
+            self.outcomes.handed_back.increment(1);
+            self.ledger
+                .record(raw.delivery_tag, Outcome::Requeue, &mut self.ops);
+        }
+    }
+
+    /// Whether a buffered delivery may start now (apart from slot and
+    /// readiness).
+    fn may_start(&self) -> bool {
+        !self.lost
+            && !self.buffer.is_empty()
+            && (!self.stopping || self.policy == PrefetchPolicy::HandleBuffered)
+    }
+
+    /// Starts the next buffered delivery if a slot is free and the stack is
+    /// ready. `Ready(None)` when nothing can start now.
+    pub(super) fn poll_start(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<impl Future<Output = Finished> + Send + 'static>> {
+        if !self.may_start() {
+            return Poll::Ready(None);
+        }
+        if self.slot.is_none() {
+            match self.slots.poll_acquire(cx) {
+                Poll::Ready(Some(p)) => self.slot = Some(p),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if !self.ready {
+            match self.service.poll_ready(cx) {
+                Poll::Ready(Ok(())) => self.ready = true,
+                Poll::Ready(Err(e)) => {
+                    tracing::error!(queue = %self.queue, error = %e, "the handler service failed (poll_ready returned an error); this queue's channel closes after the running handlers settle, so its prefetched deliveries go back, and the queue is consumed again after a backoff; readiness is off meanwhile");
+                    self.reading = false;
+                    self.buffer.clear();
+                    self.force_flush = true;
+                    self.end(End::ServiceFailed(e.to_string()));
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let Some(raw) = self.buffer.pop_front() else {
+            return Poll::Ready(None);
+        };
+        self.ready = false;
+        let slot = self.slot.take();
+        Poll::Ready(Some(start_handler(
+            &mut self.service,
+            self.queue,
+            &self.lifeline,
+            raw,
+            slot,
+        )))
+    }
+
+    /// Publishes the buffered and unsettled gauges (`settling`: settles
+    /// on their way).
+    pub(super) fn publish_gauges(&self, settling: usize) {
+        self.stats
+            .buffered
+            .store(self.buffer.len(), Ordering::Relaxed);
+        self.stats
+            .unsettled
+            .store(self.ledger.held() + settling, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,77 @@
+//! One handler: a lapin delivery turned into a request, the stack called,
+//! and the future that yields its decision.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
+use tokio::sync::OwnedSemaphorePermit;
+use tower::Service;
+use tracing::Instrument;
+
+use crate::amqp::convert::delivery_from_lapin_on;
+
+/// What a handler's future yields: its decision, the delivery tag, and when
+/// the handler started.
+pub(super) type Finished = (Decision, u64, Instant);
+
+/// The stack's outermost future says when the pause gate let a held
+/// delivery through (`acemq.handler.duration` starts there).
+pub(crate) trait Released {
+    fn released_at(&self) -> Option<tokio::time::Instant>;
+}
+
+impl<S, F> Released for acemq_layers::pause::future::ResponseFuture<S, F> {
+    fn released_at(&self) -> Option<tokio::time::Instant> {
+        acemq_layers::pause::future::ResponseFuture::released_at(self)
+    }
+}
+
+/// Turns a lapin delivery into a request, calls the stack, and returns the
+/// future that yields the decision with the delivery tag (inside the
+/// delivery's span). The queue's concurrency slot is held until the stack
+/// returns, not until the settle.
+pub(super) fn start_handler<S>(
+    service: &mut S,
+    queue: &Arc<str>,
+    lifeline: &Lifeline,
+    raw: lapin::message::Delivery,
+    slot: Option<OwnedSemaphorePermit>,
+) -> impl Future<Output = Finished> + Send + 'static
+where
+    S: Service<Delivery, Response = Decision, Error = BoxError>,
+    S::Future: Released + Send + 'static,
+{
+    let tag = raw.delivery_tag;
+    let span = crate::amqp::span::process_span(queue, &raw);
+    let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
+    crate::amqp::span::record_delivery(&span, &delivery);
+    let started = Instant::now();
+    let fut = span.in_scope(|| service.call(delivery));
+    async move {
+        let mut fut = std::pin::pin!(fut);
+        let output = fut.as_mut().await;
+        // A delivery the pause gate held is timed from its release: the
+        // time held is not handler time.
+        let started = fut
+            .released_at()
+            .map_or(started, tokio::time::Instant::into_std);
+        let decision = match output {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "the handler stack returned an error instead of a decision; rejecting the delivery without requeue");
+                Decision::DeadLetter(acemq_layers::DeadLetterDecision {
+                    reason: acemq_layers::Reason::Rejected,
+                    error: e.to_string(),
+                    attempts: 0,
+                    published: false,
+                })
+            }
+        };
+        crate::amqp::span::record_decision(&tracing::Span::current(), &decision);
+        drop(slot);
+        (decision, tag, started)
+    }
+    .instrument(span)
+}

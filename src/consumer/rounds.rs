@@ -1,0 +1,253 @@
+//! One poll of a generation's loop: rounds of named steps, always in the
+//! same order, until the loop is finished, nothing progresses, or the
+//! budget is spent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use acemq_layers::cancel::Slots;
+use acemq_layers::{BoxError, Decision, Delivery};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use lapin::{Channel, Consumer};
+use tokio::time::Sleep;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tower::Service;
+
+use super::generation::Generation;
+use super::handler::{Finished, Released};
+use crate::config::PrefetchPolicy;
+use crate::settle::ledger::Op;
+
+/// How many rounds one poll of the loop may make before it yields to the
+/// runtime (so a busy stream cannot starve other tasks).
+const POLL_BUDGET: usize = 64;
+
+/// The loop between two polls: the generation's state, the handlers and
+/// settles it drives, and the signals it watches.
+///
+/// `'a` is what the generation borrows (and the settles with it), `'p` the
+/// loop's pinned futures and stream, `'w` the tokens those futures watch.
+/// `H` is a handler's future and `T` a settle's; neither type has a name,
+/// so [`poll`](Self::poll) is handed the two functions that make them.
+/// Fields drop in the order the loop's locals always did: settles,
+/// handlers, then the state.
+pub(super) struct Rounds<'a, 'p, 'w, S, H, T> {
+    pub(super) settles: FuturesUnordered<T>,
+    pub(super) handlers: Slots<H>,
+    pub(super) st: Generation<'a, S>,
+    pub(super) consumer: &'p mut Consumer,
+    pub(super) intake: &'w CancellationToken,
+    /// The drain stopped intake.
+    pub(super) stop: Pin<&'p mut WaitForCancellationFuture<'w>>,
+    /// The broker answered the drain's `basic.cancel`.
+    pub(super) cancel_answered: Pin<&'p mut WaitForCancellationFuture<'w>>,
+    /// The handlers' cancellation (watched only once `stopping`).
+    pub(super) handlers_cancelled: Pin<&'p mut WaitForCancellationFuture<'w>>,
+    /// Every running handler has been woken for its cancellation.
+    pub(super) cancel_woken: bool,
+    /// The time bound of what the ledger holds.
+    pub(super) timer: Pin<&'p mut Sleep>,
+    pub(super) timer_armed: bool,
+}
+
+impl<'a, S, H, T> Rounds<'a, '_, '_, S, H, T>
+where
+    S: Service<Delivery, Response = Decision, Error = BoxError>,
+    S::Future: Released + Send + 'static,
+    H: Future<Output = Finished>,
+    T: Future<Output = ()>,
+{
+    /// Runs rounds until the loop is finished (`Ready`), a round makes no
+    /// progress, or the budget is spent (then it wakes itself first).
+    /// `start` is [`Generation::poll_start`] and `send` is
+    /// [`wire::send`](crate::settle::wire::send).
+    pub(super) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut start: impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
+        send: impl Fn(&'a Channel, Op, &'a str) -> T,
+    ) -> Poll<()> {
+        let mut budget = POLL_BUDGET;
+        loop {
+            let mut progressed = self.notice_stop(cx);
+            progressed |= self.notice_cancel_answered(cx);
+            progressed |= self.notice_handlers_cancelled(cx);
+            progressed |= self.read_stream(cx);
+            progressed |= self.collect_finished(cx);
+            progressed |= self.hand_back();
+            progressed |= self.start_handlers(cx, &mut start);
+            self.flush_ledger(cx);
+            progressed |= self.send_settles(&send);
+            progressed |= self.poll_settles(cx);
+            self.st.publish_gauges(self.settles.len());
+            if self.finished() {
+                return Poll::Ready(());
+            }
+            if !progressed {
+                return Poll::Pending;
+            }
+            budget -= 1;
+            if budget == 0 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// The drain stopped intake: what is held goes out.
+    fn notice_stop(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.st.stopping && self.stop.as_mut().poll(cx).is_ready() {
+            self.st.stopping = true;
+            self.st.force_flush = true;
+            return true;
+        }
+        false
+    }
+
+    /// Once intake stopped: the broker answered the drain's `basic.cancel`.
+    fn notice_cancel_answered(&mut self, cx: &mut Context<'_>) -> bool {
+        let st = &mut self.st;
+        if st.stopping && !st.cancel_answered && self.cancel_answered.as_mut().poll(cx).is_ready() {
+            st.cancel_answered = true;
+            st.force_flush = true;
+            // What the broker had sent ahead and is still here.
+            st.stats
+                .buffered_after_cancel
+                .fetch_add(st.buffer.len(), Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// The generation is lost, or (once intake stopped) the handlers'
+    /// cancellation fired: every running handler is woken, once.
+    fn notice_handlers_cancelled(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.cancel_woken
+            && (self.st.lost
+                || (self.st.stopping && self.handlers_cancelled.as_mut().poll(cx).is_ready()))
+        {
+            self.cancel_woken = true;
+            self.handlers.wake_all();
+            return true;
+        }
+        false
+    }
+
+    /// Intake: read eagerly, so a lost channel is seen at once.
+    fn read_stream(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progressed = false;
+        while self.st.reading {
+            match self.consumer.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(raw))) => self.st.receive(raw),
+                Poll::Ready(Some(Err(e))) => self.st.lose(e),
+                Poll::Ready(None) => self.st.stream_ended(),
+                Poll::Pending => break,
+            }
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Finished handlers: record, then settle (through the ledger).
+    fn collect_finished(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progressed = false;
+        while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
+            self.st.finished(done, self.intake);
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Under `hand_back`, once the cancel is answered: what is buffered
+    /// goes back.
+    fn hand_back(&mut self) -> bool {
+        let st = &mut self.st;
+        if st.cancel_answered && st.policy == PrefetchPolicy::HandBack && !st.buffer.is_empty() {
+            st.hand_back_buffered();
+            return true;
+        }
+        false
+    }
+
+    /// Start what may start.
+    fn start_handlers(
+        &mut self,
+        cx: &mut Context<'_>,
+        start: &mut impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
+    ) -> bool {
+        let mut progressed = false;
+        while let Poll::Ready(Some(fut)) = start(&mut self.st, cx) {
+            self.handlers.push(fut);
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Flush what the bounds allow.
+    fn flush_ledger(&mut self, cx: &mut Context<'_>) {
+        let st = &mut self.st;
+        if st.ledger.held() > 0 {
+            // Idle with the prefetch window used up: the broker
+            // waits for a settle, so waiting out the delay would
+            // only stall it. Idle otherwise (more is on its way, or
+            // the queue ran dry): the delay bounds the hold.
+            let idle = self.handlers.is_empty() && (st.buffer.is_empty() || st.lost);
+            let stalled = idle && (st.lost || st.ledger.window_full());
+            let mut force = st.force_flush || stalled || !st.reading;
+            if !force {
+                if !self.timer_armed {
+                    self.timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + st.ledger.delay());
+                    self.timer_armed = true;
+                }
+                if self.timer.as_mut().poll(cx).is_ready() {
+                    force = true;
+                }
+            }
+            st.ledger.flush(force, &mut st.ops);
+            if force || st.ledger.held() == 0 {
+                self.timer_armed = false;
+            }
+        }
+        st.force_flush = false;
+    }
+
+    /// What the ledger put out goes to the wire, as settles pushed in the
+    /// ledger's order (see `wire::send` for why frames keep that order).
+    fn send_settles(&mut self, send: &impl Fn(&'a Channel, Op, &'a str) -> T) -> bool {
+        let st = &mut self.st;
+        if st.ops.is_empty() {
+            return false;
+        }
+        let frames = st.ops.len();
+        st.stats.settle_frames.fetch_add(frames, Ordering::Relaxed);
+        st.outcomes.frames.increment(frames as u64);
+        for op in st.ops.drain(..) {
+            self.settles.push(send(st.channel, op, st.queue));
+        }
+        true
+    }
+
+    /// Settles done (sent, or failed on a closing channel).
+    fn poll_settles(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progressed = false;
+        while let Poll::Ready(Some(())) = self.settles.poll_next_unpin(cx) {
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// The stream has ended, nothing is buffered, every handler has
+    /// returned and every outcome is settled.
+    fn finished(&self) -> bool {
+        !self.st.reading
+            && self.st.buffer.is_empty()
+            && self.handlers.is_empty()
+            && self.settles.is_empty()
+            && self.st.ledger.held() == 0
+    }
+}
