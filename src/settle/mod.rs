@@ -118,11 +118,14 @@
 //!
 //! - `ledger`: the pure bookkeeping — which tags are decided, which run a
 //!   `multiple` ack may cover, what a flush puts out;
+//! - `book`: the settler task's ledger with what is still pending, and
+//!   what a lost channel leaves unsent;
 //! - `wire`: the one way a ledger operation becomes a frame on a channel;
 //! - `settler`: the public [`Settler`] and [`Ticket`] over both, for a
 //!   consumer of your own (`App`'s consumer loop drives the same ledger and
 //!   writer itself).
 
+mod book;
 pub(crate) mod ledger;
 mod settler;
 pub(crate) mod wire;

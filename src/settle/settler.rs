@@ -3,6 +3,7 @@
 //! [`settle`](crate::settle)).
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +13,11 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::Channel;
 use tokio::sync::{mpsc, watch};
+use tokio::time::{Interval, Sleep};
 use tracing::{debug, warn};
 
-use super::ledger::{Bounds, Ledger, Op, Outcome};
+use super::book::{deliveries, Book};
+use super::ledger::{Bounds, Op, Outcome};
 use super::wire::send_op;
 use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::AckBatch;
@@ -379,87 +382,6 @@ impl fmt::Debug for Ticket {
     }
 }
 
-/// The ledger's side of the task: what was received and decided, and what
-/// to send; no I/O (unit-tested).
-#[derive(Debug)]
-struct Book {
-    ledger: Ledger,
-    bounds: Bounds,
-    /// Tags received and not decided yet.
-    pending: u64,
-    /// The channel is gone: nothing more is recorded or sent.
-    lost: bool,
-    ops: Vec<Op>,
-}
-
-impl Book {
-    fn new(bounds: Bounds) -> Self {
-        Book {
-            ledger: Ledger::new(bounds),
-            bounds,
-            pending: 0,
-            lost: false,
-            ops: Vec::new(),
-        }
-    }
-
-    fn receive(&mut self, tag: u64) {
-        if self.lost {
-            return;
-        }
-        self.pending += 1;
-        self.ledger.receive(tag);
-    }
-
-    /// Records an outcome; `false` when the channel is gone (not sent).
-    fn record(&mut self, tag: u64, outcome: Outcome) -> bool {
-        if self.lost {
-            return false;
-        }
-        self.pending = self.pending.saturating_sub(1);
-        self.ledger.record(tag, outcome, &mut self.ops);
-        true
-    }
-
-    /// Every tracked delivery is decided.
-    fn idle(&self) -> bool {
-        self.pending == 0
-    }
-
-    fn held(&self) -> usize {
-        self.ledger.held()
-    }
-
-    fn flush(&mut self, force: bool) {
-        if !self.lost {
-            self.ledger.flush(force, &mut self.ops);
-        }
-    }
-
-    /// The channel is gone: returns how many deliveries' settles were held
-    /// or about to be sent (now never sent).
-    fn lose(&mut self) -> u64 {
-        if self.lost {
-            return 0;
-        }
-        self.lost = true;
-        self.pending = 0;
-        let dropped =
-            self.ledger.held() as u64 + self.ops.iter().map(|op| deliveries(*op)).sum::<u64>();
-        self.ops.clear();
-        self.ledger = Ledger::new(self.bounds);
-        dropped
-    }
-}
-
-/// How many deliveries `op` settles.
-fn deliveries(op: Op) -> u64 {
-    match op {
-        Op::AckUpTo { count, .. } => count as u64,
-        Op::Ack(_) | Op::Requeue(_) | Op::Reject(_) => 1,
-    }
-}
-
 /// Counts a sent op in the report.
 fn count_sent(shared: &Shared, op: Op) {
     match op {
@@ -476,111 +398,59 @@ fn count_sent(shared: &Shared, op: Op) {
     }
 }
 
+/// Counts a settle the wire is done with: sent, or failed on a closing
+/// channel (which is then lost).
+fn settled(shared: &Shared, op: Op, result: lapin::Result<()>) {
+    match result {
+        Ok(()) => count_sent(shared, op),
+        Err(e) => {
+            debug!(queue = %shared.queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
+            Shared::add(&shared.not_sent, deliveries(op));
+            shared.lose();
+        }
+    }
+}
+
 /// The settler's task: takes what the settler and its tickets send, in
 /// order, records it in the ledger, flushes on the bounds and sends, until
 /// closed (or every sender is gone) and everything is sent.
 async fn run(
     shared: Arc<Shared>,
     bounds: Bounds,
-    mut rx: mpsc::UnboundedReceiver<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
     done: watch::Sender<Option<SettleReport>>,
 ) {
     let channel = &shared.channel;
-    let mut book = Book::new(bounds);
     let mut settles = FuturesUnordered::new();
     let timer = tokio::time::sleep(bounds.delay);
-    let mut timer_armed = false;
-    let mut check = tokio::time::interval(LOSS_CHECK);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The receiving side is closed (by `close`) or every sender is gone.
-    let mut closing = false;
-    // `rx` has returned `None`: everything queued has been taken.
-    let mut drained = false;
     tokio::pin!(timer);
-
-    let handle = |msg: Msg,
-                  book: &mut Book,
-                  closing: &mut bool,
-                  rx: &mut mpsc::UnboundedReceiver<Msg>| match msg {
-        Msg::Receive(tag) => book.receive(tag),
-        Msg::Record(tag, outcome) => {
-            if !book.record(tag, outcome) && outcome != Outcome::Never {
-                Shared::add(&shared.not_sent, 1);
-            }
-        }
-        Msg::Close => {
-            // What is queued still comes out of `rx`; nothing new gets in.
-            *closing = true;
-            rx.close();
-        }
-    };
+    let mut task = Task::new(&shared, bounds, rx, timer);
 
     loop {
         let mut force = false;
         tokio::select! {
             biased;
             Some((op, result)) = settles.next(), if !settles.is_empty() => {
-                match result {
-                    Ok(()) => count_sent(&shared, op),
-                    Err(e) => {
-                        debug!(queue = %shared.queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
-                        Shared::add(&shared.not_sent, deliveries(op));
-                        shared.lose();
-                    }
-                }
+                settled(&shared, op, result);
             }
-            msg = rx.recv(), if !drained => match msg {
-                Some(msg) => {
-                    handle(msg, &mut book, &mut closing, &mut rx);
-                    for _ in 1..ROUND {
-                        match rx.try_recv() {
-                            Ok(msg) => handle(msg, &mut book, &mut closing, &mut rx),
-                            Err(_) => break,
-                        }
-                    }
-                }
-                None => {
-                    closing = true;
-                    drained = true;
-                }
-            },
-            () = &mut timer, if timer_armed => force = true,
-            _ = check.tick(), if !book.idle() || book.held() > 0 => {
+            msg = task.rx.recv(), if !task.drained => task.take(msg),
+            () = &mut task.timer, if task.timer_armed => force = true,
+            _ = task.check.tick(), if !task.book.idle() || task.book.held() > 0 => {
                 shared.check_lost();
             }
             // Unreachable: once `rx` is drained everything held is flushed
             // and sent, and the loop ends below.
             else => break,
         }
-        if shared.lost.load(Ordering::Acquire) {
-            let dropped = book.lose();
-            Shared::add(&shared.not_sent, dropped);
-            timer_armed = false;
-        }
-        if book.held() > 0 {
-            // Idle with the prefetch window used up: the broker waits for a
-            // settle. Idle with room: more is on its way, the delay bounds
-            // the hold (flushing at every lull would ack per burst).
-            let stalled = book.idle() && book.ledger.window_full();
-            let force = force || stalled || closing;
-            if !force && !timer_armed {
-                timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + bounds.delay);
-                timer_armed = true;
-            }
-            book.flush(force);
-            if force || book.held() == 0 {
-                timer_armed = false;
-            }
-        }
+        task.notice_loss();
+        task.flush(force);
         // Polled first-in first-out by the next round's `settles.next()`:
         // lapin queues each frame at its first poll, so frames go out in
         // the ledger's order.
-        for op in book.ops.drain(..) {
+        for op in task.book.ops.drain(..) {
             settles.push(async move { (op, send_op(channel, op).await) });
         }
-        if drained && settles.is_empty() && book.held() == 0 {
+        if task.drained && settles.is_empty() && task.book.held() == 0 {
             break;
         }
     }
@@ -589,50 +459,118 @@ async fn run(
     done.send_replace(Some(report));
 }
 
+/// The settler's task between rounds, apart from its settles on the wire:
+/// the messages it takes, the book, the time bound of what it holds, and
+/// the look at the channel's status.
+struct Task<'s, 't> {
+    shared: &'s Shared,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    book: Book,
+    delay: Duration,
+    timer: Pin<&'t mut Sleep>,
+    timer_armed: bool,
+    check: Interval,
+    /// The receiving side is closed (by `close`) or every sender is gone.
+    closing: bool,
+    /// `rx` has returned `None`: everything queued has been taken.
+    drained: bool,
+}
+
+impl<'s, 't> Task<'s, 't> {
+    fn new(
+        shared: &'s Shared,
+        bounds: Bounds,
+        rx: mpsc::UnboundedReceiver<Msg>,
+        timer: Pin<&'t mut Sleep>,
+    ) -> Self {
+        let mut check = tokio::time::interval(LOSS_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Task {
+            shared,
+            rx,
+            book: Book::new(bounds),
+            delay: bounds.delay,
+            timer,
+            timer_armed: false,
+            check,
+            closing: false,
+            drained: false,
+        }
+    }
+
+    /// What `rx` gave: a message, then up to a round of those already
+    /// queued behind it; or `None`, everything queued has been taken.
+    fn take(&mut self, msg: Option<Msg>) {
+        match msg {
+            Some(msg) => {
+                self.handle(msg);
+                for _ in 1..ROUND {
+                    match self.rx.try_recv() {
+                        Ok(msg) => self.handle(msg),
+                        Err(_) => break,
+                    }
+                }
+            }
+            None => {
+                self.closing = true;
+                self.drained = true;
+            }
+        }
+    }
+
+    /// One message from the settler or a ticket.
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Receive(tag) => self.book.receive(tag),
+            Msg::Record(tag, outcome) => {
+                if !self.book.record(tag, outcome) && outcome != Outcome::Never {
+                    Shared::add(&self.shared.not_sent, 1);
+                }
+            }
+            Msg::Close => {
+                // What is queued still comes out of `rx`; nothing new gets in.
+                self.closing = true;
+                self.rx.close();
+            }
+        }
+    }
+
+    /// Once the channel is known lost: what was held or about to be sent
+    /// is counted as not sent, and nothing more is.
+    fn notice_loss(&mut self) {
+        if self.shared.lost.load(Ordering::Acquire) {
+            let dropped = self.book.lose();
+            Shared::add(&self.shared.not_sent, dropped);
+            self.timer_armed = false;
+        }
+    }
+
+    /// Flushes what the bounds allow; everything held with `force` (the
+    /// time bound passed).
+    fn flush(&mut self, force: bool) {
+        if self.book.held() > 0 {
+            // Idle with the prefetch window used up: the broker waits for a
+            // settle. Idle with room: more is on its way, the delay bounds
+            // the hold (flushing at every lull would ack per burst).
+            let stalled = self.book.idle() && self.book.ledger.window_full();
+            let force = force || stalled || self.closing;
+            if !force && !self.timer_armed {
+                self.timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + self.delay);
+                self.timer_armed = true;
+            }
+            self.book.flush(force);
+            if force || self.book.held() == 0 {
+                self.timer_armed = false;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn book(count: usize) -> Book {
-        Book::new(Bounds {
-            count,
-            delay: Duration::from_millis(2),
-            window: 0,
-        })
-    }
-
-    #[test]
-    fn idle_once_every_received_tag_is_decided() {
-        let mut b = book(10);
-        b.receive(1);
-        b.receive(2);
-        assert!(!b.idle());
-        assert!(b.record(2, Outcome::Ack));
-        assert!(!b.idle());
-        assert!(b.record(1, Outcome::Never));
-        assert!(b.idle());
-        b.flush(true);
-        // Tag 1 is never settled, so 2 goes alone: no `multiple` over 1.
-        assert_eq!(b.ops, vec![Op::Ack(2)]);
-    }
-
-    #[test]
-    fn a_lost_channel_drops_what_was_held_and_records_nothing_more() {
-        let mut b = book(10);
-        (1..=4).for_each(|t| b.receive(t));
-        assert!(b.record(2, Outcome::Ack));
-        assert!(b.record(3, Outcome::Requeue));
-        b.flush(false);
-        assert!(b.ops.is_empty(), "tag 1 is pending: {:?}", b.ops);
-        assert_eq!(b.held(), 2);
-        assert_eq!(b.lose(), 2);
-        assert_eq!(b.lose(), 0, "counted once");
-        assert!(b.idle(), "nothing is pending on a lost channel");
-        assert!(!b.record(1, Outcome::Ack));
-        b.flush(true);
-        assert!(b.ops.is_empty());
-        assert_eq!(b.held(), 0);
-    }
 
     #[test]
     fn settlers_and_tickets_move_between_tasks() {
@@ -640,26 +578,5 @@ mod tests {
         send_sync_static::<Settler>();
         send_sync_static::<Ticket>();
         send_sync_static::<SettleReport>();
-    }
-
-    #[test]
-    fn ops_count_the_deliveries_they_settle() {
-        assert_eq!(deliveries(Op::AckUpTo { tag: 9, count: 7 }), 7);
-        assert_eq!(deliveries(Op::Ack(3)), 1);
-        assert_eq!(deliveries(Op::Reject(3)), 1);
-        assert_eq!(deliveries(Op::Requeue(3)), 1);
-    }
-
-    #[test]
-    fn a_lost_book_counts_ops_not_yet_sent_too() {
-        let mut b = book(2);
-        (1..=3).for_each(|t| b.receive(t));
-        (1..=3).for_each(|t| {
-            b.record(t, Outcome::Ack);
-        });
-        b.flush(false);
-        assert_eq!(b.ops, vec![Op::AckUpTo { tag: 2, count: 2 }]);
-        assert_eq!(b.held(), 1);
-        assert_eq!(b.lose(), 3);
     }
 }
