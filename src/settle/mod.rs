@@ -1,11 +1,11 @@
 //! Settling deliveries of your own lapin consumer exactly once, the way
-//! [`App`](crate::App)'s consumer loop does: carrying out a [`Decision`]
+//! [`App`](crate::App)'s consumer loop does: carrying out a [`Decision`](crate::Decision)
 //! through the same settle ledger, with acknowledgements coalesced into
 //! `multiple` runs.
 //!
 //! You keep your `basic_consume` and your stream; a [`Settler`] made from
 //! the consumer's channel turns each lapin delivery into an acemq
-//! [`Delivery`] and a [`Ticket`] ([`Settler::track`]), and the ticket
+//! [`Delivery`](crate::Delivery) and a [`Ticket`] ([`Settler::track`]), and the ticket
 //! carries out the decision the layers (or you) made
 //! ([`Ticket::settle`]). The ticket is consumed by it and is not `Clone`:
 //! a delivery is settled once by type.
@@ -77,7 +77,7 @@
 //! tag that is not decided yet then goes out on its own, so a slow handler
 //! never stalls the others), as soon as every tracked delivery is decided
 //! while the prefetch window is used up (the broker then sends nothing until
-//! a settle), and at [`Settler::close`]. [`AckBatch::off`] sends every settle
+//! a settle), and at [`Settler::close`]. [`AckBatch::off`](crate::config::AckBatch::off) sends every settle
 //! at once, on its own. A `multiple` ack is never sent with tag 0.
 //!
 //! # Rules
@@ -101,7 +101,7 @@
 //!   another channel). From then on settling sends nothing and says so
 //!   ([`SettleStatus::ChannelClosed`], counted in
 //!   [`SettleReport::not_sent`]); every tracked delivery's
-//!   [`Lifeline`] is lost, so the retry and dead-letter
+//!   [`Lifeline`](crate::Lifeline) is lost, so the retry and dead-letter
 //!   layers publish nothing more for them. Consume again on a new channel
 //!   with a new `Settler`. lapin's channel auto-recovery (tags start again
 //!   at 1 on the same `Channel`) is not supported.

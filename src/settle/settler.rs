@@ -33,7 +33,7 @@ const ROUND: usize = 256;
 
 /// Carries out [`Decision`]s on one lapin channel's deliveries through the
 /// settle ledger: each delivery settled exactly once, acknowledgements
-/// coalesced. See the [module docs](self) for the rules and an example.
+/// coalesced. See the [module docs](crate::settle) for the rules and an example.
 ///
 /// The ledger lives in a task the settler spawns. It ends after
 /// [`close`](Settler::close), or once the settler and every [`Ticket`] are
@@ -278,7 +278,7 @@ impl Settler {
     }
 
     /// Whether the channel is known closed or lost (then settling sends
-    /// nothing; see the [module docs](self)).
+    /// nothing; see the [module docs](crate::settle)).
     pub fn is_lost(&self) -> bool {
         self.shared.check_lost()
     }
@@ -329,7 +329,7 @@ impl Ticket {
         self.tag
     }
 
-    /// Carries out `decision` (see the table in the [module docs](self)),
+    /// Carries out `decision` (see the table in the [module docs](crate::settle)),
     /// once: the ticket is consumed. Returns at once; the settle goes out
     /// in ledger order.
     pub fn settle(mut self, decision: Decision) -> SettleStatus {
