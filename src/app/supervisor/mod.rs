@@ -28,12 +28,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use super::{LoopFuture, StartError, Starter};
 use crate::amqp::connection::ConnectionRole;
 use crate::amqp::connection::{connect_any_via, ConnectOptions, ConnectionFactory, Via};
 use crate::amqp::publisher::Publisher;
 use crate::amqp::topology::Topology;
 use crate::app::drain::{Link, QueueHandle};
+use crate::app::error::StartError;
+use crate::app::generation::{LoopFuture, StartCtx, Starter};
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
 use crate::consumer::{End, QueueStats};
@@ -238,11 +239,15 @@ impl Shared {
         let slot = &self.slots[index];
         let (tx, rx) = oneshot::channel();
         let cancel = self.root.child_token();
-        let ctx = super::StartCtx {
+        let ctx = StartCtx {
             queue: q,
+            config: &self.config,
             channel: opened.channel.clone(),
             consumer: opened.consumer,
-            shared: self,
+            health: &self.health,
+            publisher: &self.publisher,
+            intake: &self.intake,
+            draining: &self.draining,
             stats: slot.stats.clone(),
             gate: slot.gate.clone(),
             slots: slot.slots.clone(),

@@ -1,0 +1,283 @@
+//! The builder: [`App`] gathers the config, the handlers and their stacks,
+//! the connection settings and the background publishers; [`App::start`]
+//! (in `start`) turns it into a [`Running`](crate::Running).
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use acemq_layers::{BoxError, Classify, Delivery};
+use tokio::sync::watch;
+use tower::{Layer, Service};
+
+use super::error::start_failed;
+use super::generation::{StartCtx, Starter};
+use super::signals::Signals;
+use crate::amqp::connection::{ConnectRequest, ConnectionFactory};
+use crate::amqp::publisher::Publisher;
+use crate::app::health::Health;
+use crate::config::Config;
+use crate::stack::{Outcome, QueueStack};
+
+/// Builds and runs the consumers of a [`Config`].
+///
+/// ```no_run
+/// use acemq::{App, Config, Delivery};
+/// use tower::service_fn;
+///
+/// # async fn run() -> std::process::ExitCode {
+/// let config = Config::from_path("examples/shop.yaml").expect("valid config");
+/// App::new(config)
+///     .consume("shop.orders", service_fn(|d: Delivery| async move {
+///         println!("{} bytes", d.body().len());
+///         Ok::<_, std::io::Error>(())
+///     }))
+///     .run()
+///     .await
+/// # }
+/// ```
+#[must_use]
+pub struct App {
+    pub(super) config: Config,
+    pub(super) addr: Option<String>,
+    pub(super) name: String,
+    pub(super) factory: Option<ConnectionFactory>,
+    pub(super) starters: Vec<(String, Starter)>,
+    /// Retry policies given in code, by queue: they replace the config's.
+    pub(super) policies: Vec<(String, acemq_layers::RetryPolicy)>,
+    pub(super) health: Health,
+    pub(super) publisher: Publisher,
+    pub(super) publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
+    /// Started after the topology is declared, stopped before the drain.
+    pub(super) background: Vec<BackgroundStart>,
+}
+
+/// Starts a publisher outside handlers and returns how to stop it.
+pub(super) type BackgroundStart =
+    Box<dyn FnOnce(Publisher) -> crate::app::drain::Background + Send>;
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field(
+                "queues",
+                &self.starters.iter().map(|(q, _)| q).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    /// A runner for `config`, connecting to `AMQP_ADDR` (or the local default).
+    pub fn new(config: Config) -> Self {
+        let (publish_tx, publish_rx) = watch::channel(None);
+        let publisher = Publisher::detached(publish_rx, config.connect_timeout);
+        App {
+            config,
+            addr: None,
+            name: "acemq".to_owned(),
+            factory: None,
+            starters: Vec::new(),
+            policies: Vec::new(),
+            health: Health::new(),
+            publisher,
+            publish_tx,
+            background: Vec::new(),
+        }
+    }
+
+    /// Runs the transactional outbox's relay (feature `postgres`) on this
+    /// runner's publishing connection: it starts once the topology is
+    /// declared and stops first in the drain (before the consumers), leaving
+    /// rows it has not published for the next start.
+    #[cfg(feature = "postgres")]
+    pub fn outbox(
+        mut self,
+        pool: deadpool_postgres::Pool,
+        config: crate::outbox::RelayConfig,
+    ) -> Self {
+        self.background.push(Box::new(move |publisher: Publisher| {
+            let handle = crate::outbox::Relay::new(pool, publisher)
+                .config(config)
+                .spawn();
+            Box::new(move || {
+                Box::pin(async move {
+                    let stats = handle.stop().await;
+                    tracing::info!(?stats, "outbox relay stopped before the drain");
+                }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+            }) as crate::app::drain::Background
+        }));
+        self
+    }
+
+    /// Connects to `addr` instead of `AMQP_ADDR`.
+    pub fn amqp_addr(mut self, addr: impl Into<String>) -> Self {
+        self.addr = Some(addr.into());
+        self
+    }
+
+    /// The connection name shown by `rabbitmqctl list_connections`
+    /// (the publishing connection adds ` (publisher)`). Make it unique per
+    /// process (e.g. `my-service@host:pid`) so an operator can tell
+    /// instances apart.
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Opens every connection through `factory` instead of acemq's own
+    /// connect: both connections (consumers', publisher's), at start and at
+    /// every reconnect after a loss (the supervisor reopens them, so this is
+    /// a factory, not a connection). It is given a [`ConnectRequest`] with
+    /// what acemq would have used — the address with the heartbeat applied
+    /// (it holds the password: log [`ConnectRequest::redacted_uri`]), the
+    /// connection name, the
+    /// [`ConnectionRole`](crate::connection::ConnectionRole), acemq's
+    /// `ConnectionProperties` and the TLS settings of the config — and
+    /// returns the open connection. acemq still tries the addresses in
+    /// shuffled order (one call per address tried), bounds each call by
+    /// `connect_timeout`, and turns its error into a
+    /// [`ConnectError`](crate::connection::ConnectError) as for its own
+    /// connect.
+    ///
+    /// Write one with [`acemq::lapin`](crate::lapin) (no lapin dependency of
+    /// your own needed, nor its default TLS):
+    ///
+    /// ```no_run
+    /// use acemq::connection::ConnectRequest;
+    /// use acemq::lapin::types::LongString;
+    /// use acemq::{App, Config};
+    ///
+    /// # fn build(config: Config) -> App {
+    /// App::new(config).connection_factory(|request: ConnectRequest| async move {
+    ///     tracing::info!(broker = %request.redacted_uri(), role = request.role().as_str(), "connecting");
+    ///     let properties = request
+    ///         .properties()
+    ///         .clone()
+    ///         .with_client_property("deployment".into(), LongString::from("blue"));
+    ///     // Or build it yourself, e.g. on a runtime of yours:
+    ///     // acemq::lapin::ConnectionBuilder::new_with_runtime(runtime)
+    ///     //     .with_uri_str(request.uri().to_owned())
+    ///     //     .with_properties(properties)
+    ///     //     .with_tls_config(request.tls_config().clone())
+    ///     //     .connect()
+    ///     request.with_properties(properties).connect().await
+    /// })
+    /// # }
+    /// ```
+    pub fn connection_factory<F, Fut>(mut self, factory: F) -> Self
+    where
+        F: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<lapin::Connection, lapin::Error>> + Send + 'static,
+    {
+        self.factory = Some(ConnectionFactory::new(factory));
+        self
+    }
+
+    /// The health handle (readiness, per-queue counts, pause and resume).
+    /// Clone it before `run`.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// The publisher handle, usable before `start`: clone it into your
+    /// handlers. It publishes on a connection of its own (never the
+    /// consumers'), which `start` opens; a publish before that, or during a
+    /// reconnect, waits up to `connect_timeout` for it, then fails with a
+    /// clear error.
+    pub fn publisher(&self) -> Publisher {
+        self.publisher.clone()
+    }
+
+    /// Consumes `queue` (named in the config) with `handler`. The runner puts
+    /// the acemq layers around it: pause gate, in-flight, dead-letter, retry
+    /// and cancellation (see `acemq_layers`' `# Order`).
+    ///
+    /// # Clone
+    ///
+    /// The handler must be `Clone`: the retry layer clones the service for
+    /// every attempt, and the stack is built again for every generation (a
+    /// new channel after a reconnect or a recovery). A middleware that is not
+    /// `Clone` (`tower::limit::RateLimit`, say) can be shared by wrapping it
+    /// in `tower::buffer::Buffer`, whose handle is.
+    pub fn consume<H>(self, queue: &str, handler: H) -> Self
+    where
+        H: Service<Delivery> + Clone + Send + 'static,
+        H::Error: Into<BoxError>,
+        H::Future: Send + 'static,
+        H::Response: acemq_layers::IntoVerdict + Send + 'static,
+    {
+        self.consume_with(queue, QueueStack::new(), handler)
+    }
+
+    /// As [`consume`](Self::consume), with your own layers outside the
+    /// acemq stack and around the handler, and the queue's own classifier
+    /// and retry policy: see [`QueueStack`] and the [`stack`](crate::stack)
+    /// module for where each kind of layer belongs.
+    pub fn consume_with<H, O, I, C>(
+        mut self,
+        queue: &str,
+        stack: QueueStack<O, I, C>,
+        handler: H,
+    ) -> Self
+    where
+        H: Send + 'static + Clone,
+        C: Classify + Clone,
+        O: Send + 'static,
+        I: Send + 'static,
+        I: Layer<H>,
+        I::Service: Service<Delivery> + Clone + Send + 'static,
+        <I::Service as Service<Delivery>>::Error: Into<BoxError>,
+        <I::Service as Service<Delivery>>::Future: Send + 'static,
+        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+        O: Layer<
+            tower::util::MapResult<
+                crate::stack::Attempts<H, I, Publisher, C>,
+                crate::stack::Sealer,
+            >,
+        >,
+        O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+        BoxError: From<<O::Service as Service<Delivery>>::Error>,
+        <O::Service as Service<Delivery>>::Future: Send + 'static,
+    {
+        if let Some(policy) = &stack.policy {
+            self.policies.push((queue.to_owned(), policy.clone()));
+        }
+        // The stack is built again for each generation; the mutex only makes
+        // the starter `Sync` without asking it of the handler or the layers.
+        let parts = std::sync::Mutex::new((handler, stack));
+        let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
+            let guard = parts.lock().unwrap_or_else(|p| p.into_inner());
+            let (handler, stack) = &*guard;
+            let service = crate::stack::build(ctx.stack_parts(), stack, handler.clone());
+            drop(guard);
+            ctx.consumer_loop(service)
+        });
+        self.starters.push((queue.to_owned(), starter));
+        self
+    }
+
+    /// Runs until SIGTERM, SIGINT, SIGHUP or SIGQUIT, then drains; see
+    /// [`Running::run`](crate::Running::run). A signal during start-up
+    /// (connect, topology) ends it at once with exit 0: nothing was taken
+    /// from any queue.
+    pub async fn run(self) -> ExitCode {
+        // Installed before connecting, so a signal during start-up is a
+        // clean stop too.
+        let mut signals = Signals::install();
+        let started = self.start_until(signals.stop()).await;
+        match started {
+            Ok(running) => running.run_with(signals).await,
+            Err(e) => start_failed(&e),
+        }
+    }
+
+    /// Runs until `stop` resolves, then drains (for programs that own their
+    /// signals: tests, embedders).
+    pub async fn run_until(self, stop: impl Future<Output = ()>) -> ExitCode {
+        match self.start().await {
+            Ok(running) => running.run_until(stop).await,
+            Err(e) => start_failed(&e),
+        }
+    }
+}

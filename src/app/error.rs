@@ -1,0 +1,80 @@
+//! Why the runner could not start, the exit code for it, and how a start
+//! failure is told (log, stderr, exit code).
+
+use std::process::ExitCode;
+
+use tracing::{error, info};
+
+use super::exit::{EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE};
+use crate::amqp::connection::ConnectError;
+use crate::amqp::topology::TopologyError;
+use crate::config::ConfigError;
+
+/// Why the runner could not start. No consumer was started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The config is invalid, or names a queue that has no handler (or the
+    /// reverse); [`ConfigError::field`] names the offending field.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The broker could not be reached.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The topology could not be declared.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// A channel or consumer could not be opened.
+    #[error("could not start consuming {queue:?}: {message}")]
+    Consume {
+        /// The queue.
+        queue: String,
+        /// What the broker said.
+        message: String,
+    },
+    /// The publishing connection or its channel could not be opened.
+    #[error("could not open the publishing connection: {message}")]
+    Publisher {
+        /// What the broker said.
+        message: String,
+    },
+    /// A stop signal arrived during start-up: start-up ended at once, before
+    /// any message was taken (exit 0).
+    #[error("stopped by {signal} during start-up")]
+    Stopped {
+        /// The signal's name.
+        signal: &'static str,
+    },
+}
+
+impl StartError {
+    /// The exit code for this failure (78 config — including an address
+    /// that is not an `amqp://` URL — 69 broker unreachable).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Config(_)
+            | StartError::Connect(ConnectError::BadAddress { .. })
+            | StartError::Topology(
+                TopologyError::Conflict { .. } | TopologyError::ExchangeConflict { .. },
+            ) => EXIT_CONFIG,
+            StartError::Stopped { .. } => EXIT_OK,
+            _ => EXIT_UNAVAILABLE,
+        }
+    }
+}
+
+/// Logs a start failure, prints its one-line reason on stderr and returns
+/// its exit code (78 config, 69 broker unreachable, 0 for a stop signal
+/// during start-up).
+pub fn start_failed(e: &StartError) -> ExitCode {
+    if let StartError::Stopped { signal } = e {
+        info!(
+            signal,
+            "stop signal during start-up: start-up ended before any message was taken; exiting"
+        );
+        return ExitCode::from(EXIT_OK);
+    }
+    error!("{e}");
+    eprintln!("acemq: {e}");
+    ExitCode::from(e.exit_code())
+}
