@@ -1,0 +1,156 @@
+//! A connection's supervisor: watches one of the two connections and, when
+//! it is lost, reopens it with capped, jittered backoff.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use lapin::{Connection, Event};
+use tracing::{info, warn};
+
+use super::backoff::Backoff;
+use super::shared::{sleep_or_stop, Conn, Next, Shared};
+use crate::amqp::connection::{connect_any_via, Via};
+use crate::app::error::StartError;
+
+/// How often a connection's status is looked at again when no event came.
+const STATUS_RECHECK: Duration = Duration::from_secs(1);
+
+/// Watches one connection; when it is lost, reopens it with capped, jittered
+/// backoff (declaring the topology again first, for the consuming one) and
+/// publishes the new one. Stops when the drain begins, also mid-outage.
+pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
+    let conn = if consuming {
+        &shared.consume
+    } else {
+        &shared.publish
+    };
+    let role = conn.role;
+    loop {
+        let Some(connection) = conn.current() else {
+            return;
+        };
+        if let Next::Stop = watch_events(&shared, conn, &connection).await {
+            return;
+        }
+        conn.tx.send_replace(None);
+        shared.health.set_connected(role, false);
+        shared.health.set_blocked(role, false);
+        warn!(
+            connection = role.as_str(),
+            "the {} connection to the broker was lost; reconnecting with backoff (readiness is off until then)",
+            role.as_str()
+        );
+        if let Next::Stop = reconnect(&shared, conn, consuming).await {
+            return;
+        }
+    }
+}
+
+/// Watches `connection` (its events, and its status) until it is lost
+/// (`Next::On`); `Next::Stop` when the drain begins.
+async fn watch_events(shared: &Shared, conn: &Conn, connection: &Connection) -> Next {
+    let role = conn.role;
+    let mut events: Pin<Box<dyn Stream<Item = Event> + Send>> =
+        Box::pin(connection.events_listener());
+    loop {
+        if !connection.status().connected() {
+            return Next::On(());
+        }
+        tokio::select! {
+            () = shared.intake.cancelled() => return Next::Stop,
+            () = conn.suspect.notified() => {}
+            // A fallback: a broker that closes the connection cleanly
+            // (`stop_app`: connection.close 320) is not always reported
+            // as an event; the status is looked at again every second.
+            () = tokio::time::sleep(STATUS_RECHECK) => {}
+            ev = events.next() => match ev {
+                Some(Event::ConnectionBlocked(reason)) => {
+                    metrics::counter!("acemq.connection.blocked", "connection" => role.as_str()).increment(1);
+                    shared.health.set_blocked(role, true);
+                    warn!(connection = role.as_str(), "the broker blocked this connection ({reason}): a resource alarm (memory or disk); publishes wait, and the consumers' connection, which never publishes, keeps acknowledging");
+                }
+                Some(Event::ConnectionUnblocked) => {
+                    shared.health.set_blocked(role, false);
+                    info!(connection = role.as_str(), "the broker unblocked this connection");
+                }
+                Some(Event::Error(e)) => {
+                    warn!(connection = role.as_str(), "connection error: {e}");
+                }
+                Some(_) => {}
+                None => {
+                    // No more events: the status tells from now on.
+                    events = Box::pin(futures::stream::pending());
+                }
+            },
+        }
+    }
+}
+
+/// Reopens the lost connection with capped, jittered backoff (declaring the
+/// topology again first, for the consuming one) and publishes the new one:
+/// `Next::Again` to watch it, `Next::Stop` when the drain begins.
+async fn reconnect(shared: &Shared, conn: &Conn, consuming: bool) -> Next {
+    let role = conn.role;
+    let mut backoff = Backoff::new();
+    loop {
+        let attempt = async {
+            let name = format!("{}{}", shared.name, role.suffix());
+            let connected = connect_any_via(
+                &shared.addresses,
+                &name,
+                shared.config.connect_timeout,
+                &shared.options,
+                Some(Via {
+                    role,
+                    factory: shared.factory.as_ref(),
+                }),
+            )
+            .await?;
+            let broker = connected.address.clone();
+            let c = Arc::new(connected.connection);
+            if consuming {
+                shared.topology.declare(&c).await?;
+            }
+            Ok::<_, StartError>((c, broker))
+        };
+        let result = tokio::select! {
+            () = shared.intake.cancelled() => return Next::Stop,
+            r = attempt => r,
+        };
+        match result {
+            Ok((c, broker)) => {
+                if shared.intake.is_cancelled() {
+                    let _ = c.close(200, "OK".into()).await;
+                    return Next::Stop;
+                }
+                *shared
+                    .link
+                    .connection(role)
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+                conn.tx.send_replace(Some(c));
+                shared.health.set_connected(role, true);
+                shared.health.set_broker(role, Some(broker.clone()));
+                info!(
+                    connection = role.as_str(),
+                    broker = %broker,
+                    "reconnected to the broker{}",
+                    if consuming { "; topology declared again, consumers resume" } else { "" }
+                );
+                return Next::Again;
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(
+                    connection = role.as_str(),
+                    "reconnect failed: {e}; next attempt in {delay:.1?}"
+                );
+                if !sleep_or_stop(shared, delay).await {
+                    return Next::Stop;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! What the supervisor and every queue's runner share: the two connections,
+//! each queue's long-lived parts, and how a generation is opened and
+//! installed.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq_layers::{Cancellation, Lifeline, PauseHandle};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
+use tokio::sync::{oneshot, watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::amqp::connection::{ConnectOptions, ConnectionFactory, ConnectionRole};
+use crate::amqp::publisher::Publisher;
+use crate::amqp::topology::Topology;
+use crate::app::drain::{Link, QueueHandle};
+use crate::app::generation::{LoopFuture, StartCtx, Starter};
+use crate::app::health::Health;
+use crate::config::{Config, QueueConfig};
+use crate::consumer::{End, QueueStats};
+
+/// One of the two connections: the current one (`None` while it is being
+/// reopened), for whoever needs it.
+pub(crate) struct Conn {
+    pub(crate) role: ConnectionRole,
+    pub(crate) tx: watch::Sender<Option<Arc<Connection>>>,
+    /// Poked by a runner whose generation was lost with its connection, so
+    /// the supervisor looks at once.
+    pub(crate) suspect: tokio::sync::Notify,
+}
+
+impl Conn {
+    pub(crate) fn new(role: ConnectionRole, tx: watch::Sender<Option<Arc<Connection>>>) -> Self {
+        Conn {
+            role,
+            tx,
+            suspect: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(crate) fn current(&self) -> Option<Arc<Connection>> {
+        self.tx.borrow().clone()
+    }
+
+    /// Waits until a connection is open.
+    pub(super) async fn connected(&self) -> Arc<Connection> {
+        let mut rx = self.tx.subscribe();
+        loop {
+            if let Some(c) = rx.borrow_and_update().clone() {
+                if c.status().connected() {
+                    return c;
+                }
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// One queue's parts that outlive its generations.
+pub(crate) struct QueueSlot {
+    pub(crate) starter: Starter,
+    pub(crate) gate: PauseHandle,
+    pub(crate) stats: Arc<QueueStats>,
+    /// The queue's concurrency limit, shared by its generations.
+    pub(crate) slots: Arc<Semaphore>,
+}
+
+/// What every generation is built from.
+pub(crate) struct Shared {
+    pub(crate) link: Arc<Link>,
+    pub(crate) config: Config,
+    pub(crate) addresses: Vec<String>,
+    pub(crate) options: ConnectOptions,
+    pub(crate) name: String,
+    /// The user's connection factory, for every reconnect too.
+    pub(crate) factory: Option<ConnectionFactory>,
+    pub(crate) slots: Vec<QueueSlot>,
+    pub(crate) health: Health,
+    pub(crate) publisher: Publisher,
+    pub(crate) topology: Topology,
+    pub(crate) consume: Conn,
+    pub(crate) publish: Conn,
+    /// Cancelled when the drain stops intake (every runner and supervisor
+    /// stops there).
+    pub(crate) intake: CancellationToken,
+    /// Cancelled once the broker answered the drain's cancels: in-process
+    /// retry waits move to their rungs.
+    pub(crate) draining: CancellationToken,
+    /// Cancelled at the drain's deadline: every generation's handlers.
+    pub(crate) root: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+}
+
+/// A channel with `basic.qos` and a consumer on it: a generation about to
+/// start.
+pub(crate) struct Opened {
+    pub(crate) channel: Channel,
+    pub(crate) consumer: Consumer,
+    pub(crate) tag: String,
+}
+
+/// Opens a channel and a consumer for `q` on `connection`.
+pub(crate) async fn open(
+    name: &str,
+    q: &QueueConfig,
+    connection: &Connection,
+) -> Result<Opened, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(q.prefetch, BasicQosOptions::default())
+        .await?;
+    let tag = format!("{name}-{}", q.name);
+    let consumer = channel
+        .basic_consume(
+            q.name.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(Opened {
+        channel,
+        consumer,
+        tag,
+    })
+}
+
+/// A generation registered as its queue's live one, its loop spawned.
+pub(crate) type Installed = (tokio::task::JoinHandle<()>, oneshot::Receiver<End>, Channel);
+
+impl Shared {
+    /// Builds generation `opened` of queue `index`, registers it as the
+    /// queue's live one and spawns its loop — unless the drain has begun.
+    pub(crate) fn install(
+        &self,
+        index: usize,
+        opened: Opened,
+    ) -> Result<Option<Installed>, String> {
+        let q = &self.config.queues[index];
+        let slot = &self.slots[index];
+        let (tx, rx) = oneshot::channel();
+        let cancel = self.root.child_token();
+        let ctx = StartCtx {
+            queue: q,
+            config: &self.config,
+            channel: opened.channel.clone(),
+            consumer: opened.consumer,
+            health: &self.health,
+            publisher: &self.publisher,
+            intake: &self.intake,
+            draining: &self.draining,
+            stats: slot.stats.clone(),
+            gate: slot.gate.clone(),
+            slots: slot.slots.clone(),
+            // The handlers' token rides on the lifeline every delivery of
+            // the generation shares: the cancellation layer hands it over
+            // without a reference count (`CancelLayer::from_cancellation`).
+            lifeline: Lifeline::with_cancellation(Cancellation::new(cancel.clone())),
+            cancel,
+            ended: tx,
+        };
+        // Building the stack clones the handler: a panicking `Clone` must
+        // not take the runner down with it.
+        let fut: LoopFuture = panic::catch_unwind(AssertUnwindSafe(|| (slot.starter)(ctx)))
+            .map_err(|p| panic_message(&*p))?;
+        let mut queues = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if self.intake.is_cancelled() {
+            return Ok(None);
+        }
+        let join = self.tracker.spawn(fut);
+        queues[index] = Some(QueueHandle {
+            name: q.name.clone(),
+            channel: opened.channel.clone(),
+            consumer_tag: opened.tag,
+            gate: slot.gate.clone(),
+            stats: slot.stats.clone(),
+        });
+        drop(queues);
+        slot.stats.down.store(false, Ordering::Release);
+        Ok(Some((join, rx, opened.channel)))
+    }
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_owned()
+    }
+}
+
+/// Sleeps `delay` unless the drain begins first; `false` when it did.
+pub(super) async fn sleep_or_stop(shared: &Shared, delay: Duration) -> bool {
+    tokio::select! {
+        () = shared.intake.cancelled() => false,
+        () = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// What a step of a queue's runner or a connection's supervisor tells its
+/// loop.
+pub(super) enum Next<T = ()> {
+    /// Go on with what the step made.
+    On(T),
+    /// Go round the loop again.
+    Again,
+    /// Stop: the drain began.
+    Stop,
+}
