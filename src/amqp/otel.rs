@@ -34,7 +34,7 @@ pub(crate) fn extract(span: &Span, queue: &str, raw: &lapin::message::Delivery) 
 
 /// Writes the current context into `headers` (a user's publish). Without a
 /// current OpenTelemetry context the headers are left as they are.
-#[allow(dead_code)] // The publisher handle of round two takes `Headers`.
+#[allow(dead_code)] // Only the tests call it: every publish path injects through `inject_properties` or `inject_copy`.
 pub(crate) fn inject(headers: &mut Headers) {
     #[cfg(feature = "opentelemetry")]
     imp::inject(headers);
