@@ -1,20 +1,4 @@
-//! The ordered stop, within one shared deadline.
-//!
-//! 1. readiness reports not ready;
-//! 2. every consumer stops intake at once (`basic.cancel` on all of them
-//!    concurrently); once the broker has answered, deliveries still buffered
-//!    are handed back (`prefetch_policy: hand_back`) or handled
-//!    (`handle_buffered`), and paused gates close, handing back what they
-//!    hold (every gate closes at the deadline);
-//! 3. the handlers in flight on all queues are waited for together, within
-//!    what is left of `shutdown_timeout`;
-//! 4. deadline passed (or a second signal): the handlers' tokens are
-//!    cancelled — cancellation is last, never first — and a handler still
-//!    running `abandon_after` later is abandoned;
-//! 5. the consumer channels, then the publisher, then the connection close,
-//!    also when the deadline expired;
-//! 6. a [`DrainReport`], or a [`DrainTimeout`] naming each queue that still
-//!    had deliveries in flight.
+//! [`Drain`] and its run.
 
 use std::fmt;
 use std::future::Future;
@@ -22,75 +6,22 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_layers::{InFlightCounter, PauseHandle};
+use acemq_layers::InFlightCounter;
 use futures::future::join_all;
 use lapin::options::BasicCancelOptions;
-use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::link::{Background, Link};
+use super::report::{DeadlineKind, DrainReport, DrainTimeout, QueueDrain};
 use crate::amqp::connection::ConnectionRole;
 use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
-use crate::consumer::QueueStats;
 
 /// How long closing a channel or the connection may take before the drain
 /// moves on (a broker that went away must not hold the process).
 const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
-
-#[derive(Clone)]
-pub(crate) struct QueueHandle {
-    pub(crate) name: String,
-    pub(crate) channel: Channel,
-    pub(crate) consumer_tag: String,
-    pub(crate) gate: PauseHandle,
-    pub(crate) stats: Arc<QueueStats>,
-}
-
-/// The live connections and the consumers on them; the supervisor
-/// replaces them after a loss. The drain reads them once, after it has
-/// begun (under the lock, so no new generation can start after it).
-pub(crate) struct Link {
-    consume: Mutex<Option<Arc<Connection>>>,
-    publish: Mutex<Option<Arc<Connection>>>,
-    /// Each queue's live generation, by config index.
-    pub(crate) queues: Mutex<Vec<Option<QueueHandle>>>,
-}
-
-impl Link {
-    pub(crate) fn new(consume: Arc<Connection>, publish: Arc<Connection>, queues: usize) -> Self {
-        Link {
-            consume: Mutex::new(Some(consume)),
-            publish: Mutex::new(Some(publish)),
-            queues: Mutex::new(vec![None; queues]),
-        }
-    }
-
-    pub(crate) fn connection(&self, role: ConnectionRole) -> &Mutex<Option<Arc<Connection>>> {
-        match role {
-            ConnectionRole::Consumer => &self.consume,
-            ConnectionRole::Publisher => &self.publish,
-        }
-    }
-
-    fn current(&self, role: ConnectionRole) -> Option<Arc<Connection>> {
-        self.connection(role)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn queues(&self) -> Vec<QueueHandle> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .flatten()
-            .cloned()
-            .collect()
-    }
-}
 
 /// The longest a drain can take: `shutdown_timeout`, then `abandon_after`
 /// (and the grace the drain adds to it), then the close bounds: consumer
@@ -103,11 +34,6 @@ pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
 /// Added to `abandon_after` before the drain stops waiting for abandoned
 /// handlers to be dropped.
 const ABANDON_GRACE: Duration = Duration::from_millis(250);
-
-/// Something that publishes outside handlers (a background task, the outbox
-/// relay): stopped before the consumers drain, within the drain's deadline.
-pub(crate) type Background =
-    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// Coordinates the stop. Built by the runner ([`Running::into_drain`](crate::Running::into_drain));
 /// see the module docs for its steps.
@@ -171,154 +97,6 @@ impl fmt::Debug for Drain {
             .finish_non_exhaustive()
     }
 }
-
-/// One queue's part of a drain.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueDrain {
-    /// Queue name.
-    pub name: String,
-    /// Handlers that finished during the drain.
-    pub finished: usize,
-    /// Deliveries fetched but never handled, handed back to the broker.
-    pub handed_back: usize,
-    /// Deliveries the stream yielded after `basic.cancel` (held or handled,
-    /// per `prefetch_policy`).
-    pub buffered: usize,
-}
-
-/// What a clean drain did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DrainReport {
-    /// From the first step to the connection closed.
-    pub duration: Duration,
-    /// Per queue.
-    pub queues: Vec<QueueDrain>,
-}
-
-impl DrainReport {
-    /// Handlers finished during the drain, all queues.
-    pub fn finished(&self) -> usize {
-        self.queues.iter().map(|q| q.finished).sum()
-    }
-    /// Deliveries handed back unhandled, all queues.
-    pub fn handed_back(&self) -> usize {
-        self.queues.iter().map(|q| q.handed_back).sum()
-    }
-}
-
-impl fmt::Display for DrainReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "drained in {:.2} s; every handler finished ({} during the drain)",
-            self.duration.as_secs_f64(),
-            self.finished()
-        )?;
-        let held = self.handed_back();
-        if held > 0 {
-            write!(
-                f,
-                "; {} fetched but never handled — the broker will redeliver {} (",
-                plural(held, "delivery was", "deliveries were"),
-                if held == 1 { "it" } else { "them" }
-            )?;
-            let parts: Vec<String> = self
-                .queues
-                .iter()
-                .filter(|q| q.handed_back > 0)
-                .map(|q| format!("{}: {}", q.name, q.handed_back))
-                .collect();
-            write!(f, "{})", parts.join(", "))?;
-        }
-        Ok(())
-    }
-}
-
-/// What ended the wait for handlers early.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeadlineKind {
-    /// `shutdown_timeout` expired.
-    ShutdownTimeout,
-    /// A second stop signal arrived during the drain.
-    SecondSignal,
-}
-
-/// The drain's deadline expired with handlers still running. The stop was
-/// still carried out: consumers cancelled, handlers cancelled then
-/// abandoned, channels and connection closed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DrainTimeout {
-    /// What ended the wait.
-    pub kind: DeadlineKind,
-    /// The deadline it was given.
-    pub shutdown_timeout: Duration,
-    /// The grace after cancellation.
-    pub abandon_after: Duration,
-    /// Queues with deliveries still in flight when the deadline passed, and how many.
-    pub in_flight: Vec<(String, usize)>,
-    /// What else the drain was still waiting for at the deadline, per queue
-    /// (consumer loops with nothing in flight that had not finished:
-    /// settles stuck on a channel that does not answer, say).
-    pub waiting: Vec<String>,
-    /// Handlers still running `abandon_after` after cancellation (abandoned).
-    pub abandoned: usize,
-    /// The rest of the report.
-    pub report: DrainReport,
-}
-
-impl fmt::Display for DrainTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let queues: Vec<String> = self
-            .in_flight
-            .iter()
-            .map(|(q, n)| format!("{q}: {n} in flight"))
-            .collect();
-        let running = if queues.is_empty() {
-            "before the drain finished".to_owned()
-        } else {
-            format!("with handlers still running ({})", queues.join(", "))
-        };
-        match self.kind {
-            DeadlineKind::ShutdownTimeout => write!(
-                f,
-                "drain deadline expired: shutdown_timeout ({:.1} s) passed {running}",
-                self.shutdown_timeout.as_secs_f64(),
-            )?,
-            DeadlineKind::SecondSignal => {
-                write!(f, "drain cut short by a second stop signal {running}")?
-            }
-        }
-        if !self.waiting.is_empty() {
-            write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
-        }
-        write!(f, "; their tokens were cancelled")?;
-        if self.abandoned > 0 {
-            write!(
-                f,
-                " and {} handler(s) still running {:.1} s later (abandon_after) were abandoned",
-                self.abandoned,
-                self.abandon_after.as_secs_f64()
-            )?;
-        }
-        write!(
-            f,
-            "; the connections are closed and the broker will redeliver their messages ({} and {} handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
-            plural(self.report.finished(), "handler finished", "handlers finished"),
-            plural(self.report.handed_back(), "delivery was", "deliveries were"),
-        )
-    }
-}
-
-/// `1 delivery was`, `2 deliveries were`.
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-impl std::error::Error for DrainTimeout {}
 
 impl Drain {
     /// Runs the drain; `hurry` resolving (a second signal) skips straight to
