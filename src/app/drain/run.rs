@@ -1,7 +1,9 @@
-//! [`Drain`] and its run.
+//! [`Drain`] and its run, in the module docs' numbered steps: one named
+//! step each.
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use super::link::{Background, Link};
+use super::link::{Background, Link, QueueHandle};
 use super::report::{DeadlineKind, DrainReport, DrainTimeout, QueueDrain};
 use crate::amqp::connection::ConnectionRole;
 use crate::amqp::publisher::Publisher;
@@ -98,6 +100,14 @@ impl fmt::Debug for Drain {
     }
 }
 
+/// Why a drain ends in a [`DrainTimeout`]: what ended the wait, the queues
+/// with deliveries still in flight, and what else it was still waiting for.
+struct Unfinished {
+    kind: DeadlineKind,
+    in_flight: Vec<(String, usize)>,
+    waiting: Vec<String>,
+}
+
 impl Drain {
     /// Runs the drain; `hurry` resolving (a second signal) skips straight to
     /// cancellation and abandon, at whichever step the drain is.
@@ -126,8 +136,49 @@ impl Drain {
         let mut hurried = false;
         // 1. Readiness off.
         self.health.set_draining();
-        // Publishers outside handlers (the outbox relay) stop first: what
-        // they have not published waits for the next start.
+        self.stop_background(deadline, hurry.as_mut(), &mut hurried)
+            .await;
+        let queues = self.last_generations();
+        // 2. Stop intake everywhere at once: the loops start no new handler
+        // (`hand_back`) and flush what they hold; the broker stops sending.
+        let unanswered = cancel_consumers(&queues, deadline, hurry.as_mut(), &mut hurried).await;
+        self.start_hand_back(&queues);
+        // 3. Wait for handlers on all queues (every generation), within what
+        // is left.
+        let ended = self
+            .wait_for_handlers(hurried, &unanswered, deadline, hurry)
+            .await;
+        let mut unfinished = None;
+        if let Some(kind) = ended {
+            // 4. Cancel last; abandon after the grace.
+            unfinished = self.cancel_and_abandon(kind, &queues, unanswered).await;
+        }
+        let abandoned = self.abandoned(&queues);
+        // 5. Close the consumer channels, then the publishing connection,
+        // then the consumers' connection.
+        let unanswered_close = self.close(&queues).await;
+        let unfinished = with_unanswered_close(unfinished, unanswered_close);
+        // 6. Report.
+        let report = self.report(start, &queues);
+        match unfinished {
+            None => Ok(report),
+            Some(unfinished) => Err(self.timed_out(unfinished, abandoned, report)),
+        }
+    }
+
+    // The steps that await take `&mut self`: a `Drain` is `Send` but not
+    // `Sync` (its `Background`s), so a `&self` held across an await would
+    // make `run`'s future not `Send`.
+
+    /// Publishers outside handlers (the outbox relay) stop first: what
+    /// they have not published waits for the next start. Sets `hurried` if
+    /// `hurry` resolves first.
+    async fn stop_background<H: Future<Output = ()>>(
+        &mut self,
+        deadline: tokio::time::Instant,
+        hurry: Pin<&mut H>,
+        hurried: &mut bool,
+    ) {
         let background: Vec<_> = std::mem::take(&mut self.background)
             .into_iter()
             .map(|stop| stop())
@@ -135,47 +186,24 @@ impl Drain {
         if !background.is_empty() {
             tokio::select! {
                 _ = tokio::time::timeout_at(deadline, join_all(background)) => {}
-                () = &mut hurry => hurried = true,
+                () = hurry => *hurried = true,
             }
         }
+    }
+
+    /// Stops intake (`intake` cancelled) and reads each queue's live
+    /// generation, the ones the drain stops.
+    fn last_generations(&self) -> Vec<QueueHandle> {
         // No new generation starts after this read (the runners check
         // `intake` under the same lock).
-        let queues = {
-            let guard = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
-            self.intake.cancel();
-            guard.iter().flatten().cloned().collect::<Vec<_>>()
-        };
-        // 2. Stop intake everywhere at once: the loops start no new handler
-        // (`hand_back`) and flush what they hold; the broker stops sending.
-        let unanswered: Mutex<Vec<String>> = Mutex::new(Vec::new());
-        let cancels = join_all(queues.iter().map(|q| {
-            let unanswered = &unanswered;
-            async move {
-                if !q.channel.status().connected() {
-                    return;
-                }
-                let cancel = q
-                    .channel
-                    .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
-                let why = match tokio::time::timeout_at(deadline, cancel).await {
-                    Ok(Ok(())) => return,
-                    Ok(Err(e)) => {
-                        warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
-                        format!("{}: basic.cancel was not answered ({e})", q.name)
-                    }
-                    Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
-                };
-                unanswered
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(why);
-            }
-        }));
-        tokio::select! {
-            _ = cancels => {}
-            () = &mut hurry => hurried = true,
-        }
-        let unanswered = unanswered.into_inner().unwrap_or_else(|p| p.into_inner());
+        let guard = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+        self.intake.cancel();
+        guard.iter().flatten().cloned().collect::<Vec<_>>()
+    }
+
+    /// Once the consumers are cancelled: the loops hand back or handle what
+    /// they hold, and paused gates close.
+    fn start_hand_back(&self, queues: &[QueueHandle]) {
         // Only now may anything be handed back or moved: a delivery requeued
         // while its consumer was still registered would be sent straight
         // back to it. In-process retry waits move to their rungs; a paused
@@ -183,16 +211,26 @@ impl Drain {
         // `handle_buffered` can handle what the stream still yields. Every
         // gate closes at the deadline.
         self.draining.cancel();
-        for q in &queues {
+        for q in queues {
             q.stats.consumer_cancelled.cancel();
             if q.gate.is_paused() {
                 q.gate.close();
             }
         }
-        // 3. Wait for handlers on all queues (every generation), within what
-        // is left.
+    }
+
+    /// Waits for the handlers in flight on all queues, until the deadline or
+    /// `hurry`; `None` when they all finished. A drain already hurried, or
+    /// whose `basic.cancel`s were not all answered, does not wait.
+    async fn wait_for_handlers<H: Future<Output = ()>>(
+        &mut self,
+        hurried: bool,
+        unanswered: &[String],
+        deadline: tokio::time::Instant,
+        hurry: Pin<&mut H>,
+    ) -> Option<DeadlineKind> {
         self.tracker.close();
-        let ended = if hurried {
+        if hurried {
             Some(DeadlineKind::SecondSignal)
         } else if !unanswered.is_empty() {
             Some(DeadlineKind::ShutdownTimeout)
@@ -200,77 +238,81 @@ impl Drain {
             tokio::select! {
                 () = self.tracker.wait() => None,
                 () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
-                () = &mut hurry => Some(DeadlineKind::SecondSignal),
-            }
-        };
-        let mut timeout = None;
-        if let Some(kind) = ended {
-            // 4. Cancel last; abandon after the grace.
-            let in_flight: Vec<(String, usize)> = self
-                .in_flight
-                .snapshot()
-                .into_iter()
-                .filter(|(_, n)| *n > 0)
-                .collect();
-            // What else the drain was waiting for: loops with nothing in
-            // flight that had not finished (settles or a buffer stuck on a
-            // channel that does not answer).
-            let mut waiting = unanswered.clone();
-            waiting.extend(queues
-                .iter()
-                .filter_map(|q| {
-                    let loops = q.stats.loops.load(Ordering::Relaxed);
-                    let unsettled = q.stats.unsettled.load(Ordering::Relaxed);
-                    let buffered = q.stats.buffered.load(Ordering::Relaxed);
-                    (loops > 0).then(|| {
-                        format!(
-                            "{}: {loops} consumer loop(s) not finished, {unsettled} settle(s) not sent or not answered, {buffered} buffered",
-                            q.name
-                        )
-                    })
-                }));
-            warn!(
-                ?kind,
-                "drain deadline reached with {} handler(s) in flight; cancelling their tokens, abandoning any still running after {:?}",
-                self.in_flight.total(),
-                self.abandon_after
-            );
-            for q in &queues {
-                q.gate.close();
-            }
-            self.root.cancel();
-            let grace = self.abandon_after + ABANDON_GRACE;
-            let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
-            if !in_flight.is_empty() || !waiting.is_empty() {
-                timeout = Some((kind, in_flight, waiting));
+                () = hurry => Some(DeadlineKind::SecondSignal),
             }
         }
-        let abandoned: usize = queues
+    }
+
+    /// Cancels the handlers' tokens and waits `abandon_after` (and the
+    /// grace) for them; what the drain did not finish, if anything: the
+    /// queues still in flight, and `unanswered` with the loops not finished.
+    async fn cancel_and_abandon(
+        &mut self,
+        kind: DeadlineKind,
+        queues: &[QueueHandle],
+        unanswered: Vec<String>,
+    ) -> Option<Unfinished> {
+        let in_flight: Vec<(String, usize)> = self
+            .in_flight
+            .snapshot()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        // What else the drain was waiting for: loops with nothing in
+        // flight that had not finished (settles or a buffer stuck on a
+        // channel that does not answer).
+        let mut waiting = unanswered;
+        waiting.extend(queues.iter().filter_map(loops_not_finished));
+        warn!(
+            ?kind,
+            "drain deadline reached with {} handler(s) in flight; cancelling their tokens, abandoning any still running after {:?}",
+            self.in_flight.total(),
+            self.abandon_after
+        );
+        for q in queues {
+            q.gate.close();
+        }
+        self.root.cancel();
+        let grace = self.abandon_after + ABANDON_GRACE;
+        let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
+        if !in_flight.is_empty() || !waiting.is_empty() {
+            Some(Unfinished {
+                kind,
+                in_flight,
+                waiting,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Handlers abandoned: those the loops gave up on, and those still in
+    /// flight.
+    fn abandoned(&self, queues: &[QueueHandle]) -> usize {
+        queues
             .iter()
             .map(|q| q.stats.abandoned.load(Ordering::Relaxed))
             .sum::<usize>()
-            + self.in_flight.total();
-        // 5. Close the consumer channels, then the publishing connection,
-        // then the consumers' connection.
-        for q in &queues {
+            + self.in_flight.total()
+    }
+
+    /// Closes every gate, the consumer channels, then the publisher, then
+    /// the connections; what the broker did not answer within
+    /// [`CLOSE_TIMEOUT`].
+    async fn close(&mut self, queues: &[QueueHandle]) -> Vec<String> {
+        for q in queues {
             q.gate.close();
         }
-        let closes = join_all(queues.iter().map(|q| async move {
-            if q.channel.status().connected()
-                && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
-                    .await
-                    .is_err()
-            {
-                return Some(format!(
-                    "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
-                    q.name
-                ));
-            }
-            None
-        }))
-        .await;
-        let mut unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
+        let mut unanswered_close = close_channels(queues).await;
         self.publisher.shut().await;
+        unanswered_close.extend(self.close_connections().await);
+        unanswered_close
+    }
+
+    /// The publishing connection, then the consumers'; each reported as not
+    /// connected.
+    async fn close_connections(&mut self) -> Vec<String> {
+        let mut unanswered_close = Vec::new();
         for role in [ConnectionRole::Publisher, ConnectionRole::Consumer] {
             if let Some(connection) = self.link.current(role) {
                 if connection.status().connected()
@@ -286,15 +328,11 @@ impl Drain {
             }
             self.health.set_connected(role, false);
         }
-        if !unanswered_close.is_empty() {
-            match &mut timeout {
-                Some((_, _, waiting)) => waiting.extend(unanswered_close),
-                None => {
-                    timeout = Some((DeadlineKind::ShutdownTimeout, Vec::new(), unanswered_close))
-                }
-            }
-        }
-        // 6. Report.
+        unanswered_close
+    }
+
+    /// What each queue did; records the drain's duration.
+    fn report(&self, start: Instant, queues: &[QueueHandle]) -> DrainReport {
         let report = DrainReport {
             duration: start.elapsed(),
             queues: queues
@@ -308,20 +346,126 @@ impl Drain {
                 .collect(),
         };
         metrics::histogram!("acemq.drain.duration").record(report.duration.as_secs_f64());
-        match timeout {
-            None => Ok(report),
-            Some((kind, in_flight, waiting)) => {
-                metrics::counter!("acemq.drain.timeouts").increment(1);
-                Err(DrainTimeout {
-                    kind,
-                    shutdown_timeout: self.shutdown_timeout,
-                    abandon_after: self.abandon_after,
-                    in_flight,
-                    waiting,
-                    abandoned,
-                    report,
+        report
+    }
+
+    /// The timeout around the report; counts it.
+    fn timed_out(
+        &self,
+        unfinished: Unfinished,
+        abandoned: usize,
+        report: DrainReport,
+    ) -> DrainTimeout {
+        let Unfinished {
+            kind,
+            in_flight,
+            waiting,
+        } = unfinished;
+        metrics::counter!("acemq.drain.timeouts").increment(1);
+        DrainTimeout {
+            kind,
+            shutdown_timeout: self.shutdown_timeout,
+            abandon_after: self.abandon_after,
+            in_flight,
+            waiting,
+            abandoned,
+            report,
+        }
+    }
+}
+
+/// `basic.cancel` on every consumer at once, within the deadline; what the
+/// broker did not answer. Sets `hurried` if `hurry` resolves first.
+async fn cancel_consumers<H: Future<Output = ()>>(
+    queues: &[QueueHandle],
+    deadline: tokio::time::Instant,
+    hurry: Pin<&mut H>,
+    hurried: &mut bool,
+) -> Vec<String> {
+    let unanswered: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let cancels = join_all(queues.iter().map(|q| {
+        let unanswered = &unanswered;
+        async move {
+            if !q.channel.status().connected() {
+                return;
+            }
+            let cancel = q
+                .channel
+                .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
+            let why = match tokio::time::timeout_at(deadline, cancel).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => {
+                    warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
+                    format!("{}: basic.cancel was not answered ({e})", q.name)
+                }
+                Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
+            };
+            unanswered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(why);
+        }
+    }));
+    tokio::select! {
+        _ = cancels => {}
+        () = hurry => *hurried = true,
+    }
+    unanswered.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A queue whose consumer loops had not finished, with what they still
+/// held.
+fn loops_not_finished(q: &QueueHandle) -> Option<String> {
+    let loops = q.stats.loops.load(Ordering::Relaxed);
+    let unsettled = q.stats.unsettled.load(Ordering::Relaxed);
+    let buffered = q.stats.buffered.load(Ordering::Relaxed);
+    (loops > 0).then(|| {
+        format!(
+            "{}: {loops} consumer loop(s) not finished, {unsettled} settle(s) not sent or not answered, {buffered} buffered",
+            q.name
+        )
+    })
+}
+
+/// Each channel closed, all at once; those the broker did not answer
+/// within [`CLOSE_TIMEOUT`].
+async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
+    let closes = join_all(queues.iter().map(|q| async move {
+        if q.channel.status().connected()
+            && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
+                .await
+                .is_err()
+        {
+            return Some(format!(
+                "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
+                q.name
+            ));
+        }
+        None
+    }))
+    .await;
+    let unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
+    unanswered_close
+}
+
+/// Closes the broker did not answer are waited for too: they join what the
+/// drain did not finish, or alone end it in a `ShutdownTimeout`.
+fn with_unanswered_close(
+    unfinished: Option<Unfinished>,
+    unanswered_close: Vec<String>,
+) -> Option<Unfinished> {
+    let mut unfinished = unfinished;
+    if !unanswered_close.is_empty() {
+        match &mut unfinished {
+            Some(u) => u.waiting.extend(unanswered_close),
+            None => {
+                unfinished = Some(Unfinished {
+                    kind: DeadlineKind::ShutdownTimeout,
+                    in_flight: Vec::new(),
+                    waiting: unanswered_close,
                 })
             }
         }
     }
+    unfinished
 }
