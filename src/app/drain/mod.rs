@@ -16,11 +16,13 @@
 //! 6. a [`DrainReport`], or a [`DrainTimeout`] naming each queue that still
 //!    had deliveries in flight.
 
+mod bounds;
+mod consumers;
 mod link;
 mod report;
 mod run;
 
+pub(crate) use bounds::worst_case;
 pub(crate) use link::{Background, Link, QueueHandle};
 pub use report::{DeadlineKind, DrainReport, DrainTimeout, QueueDrain};
-pub(crate) use run::worst_case;
 pub use run::Drain;

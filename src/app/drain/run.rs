@@ -5,37 +5,22 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_layers::InFlightCounter;
 use futures::future::join_all;
-use lapin::options::BasicCancelOptions;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::bounds::{ABANDON_GRACE, CLOSE_TIMEOUT};
+use super::consumers::{cancel_consumers, close_channels, loops_not_finished};
 use super::link::{Background, Link, QueueHandle};
 use super::report::{DeadlineKind, DrainReport, DrainTimeout, QueueDrain};
 use crate::amqp::connection::ConnectionRole;
 use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
-
-/// How long closing a channel or the connection may take before the drain
-/// moves on (a broker that went away must not hold the process).
-const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
-
-/// The longest a drain can take: `shutdown_timeout`, then `abandon_after`
-/// (and the grace the drain adds to it), then the close bounds: consumer
-/// channels (together), the publishing connection, the consumers'
-/// connection.
-pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
-    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * 3
-}
-
-/// Added to `abandon_after` before the drain stops waiting for abandoned
-/// handlers to be dropped.
-const ABANDON_GRACE: Duration = Duration::from_millis(250);
 
 /// Coordinates the stop. Built by the runner ([`Running::into_drain`](crate::Running::into_drain));
 /// see the module docs for its steps.
@@ -372,80 +357,6 @@ impl Drain {
             report,
         }
     }
-}
-
-/// `basic.cancel` on every consumer at once, within the deadline; what the
-/// broker did not answer. Sets `hurried` if `hurry` resolves first.
-async fn cancel_consumers<H: Future<Output = ()>>(
-    queues: &[QueueHandle],
-    deadline: tokio::time::Instant,
-    hurry: Pin<&mut H>,
-    hurried: &mut bool,
-) -> Vec<String> {
-    let unanswered: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let cancels = join_all(queues.iter().map(|q| {
-        let unanswered = &unanswered;
-        async move {
-            if !q.channel.status().connected() {
-                return;
-            }
-            let cancel = q
-                .channel
-                .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
-            let why = match tokio::time::timeout_at(deadline, cancel).await {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => {
-                    warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
-                    format!("{}: basic.cancel was not answered ({e})", q.name)
-                }
-                Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
-            };
-            unanswered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(why);
-        }
-    }));
-    tokio::select! {
-        _ = cancels => {}
-        () = hurry => *hurried = true,
-    }
-    unanswered.into_inner().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A queue whose consumer loops had not finished, with what they still
-/// held.
-fn loops_not_finished(q: &QueueHandle) -> Option<String> {
-    let loops = q.stats.loops.load(Ordering::Relaxed);
-    let unsettled = q.stats.unsettled.load(Ordering::Relaxed);
-    let buffered = q.stats.buffered.load(Ordering::Relaxed);
-    (loops > 0).then(|| {
-        format!(
-            "{}: {loops} consumer loop(s) not finished, {unsettled} settle(s) not sent or not answered, {buffered} buffered",
-            q.name
-        )
-    })
-}
-
-/// Each channel closed, all at once; those the broker did not answer
-/// within [`CLOSE_TIMEOUT`].
-async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
-    let closes = join_all(queues.iter().map(|q| async move {
-        if q.channel.status().connected()
-            && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
-                .await
-                .is_err()
-        {
-            return Some(format!(
-                "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
-                q.name
-            ));
-        }
-        None
-    }))
-    .await;
-    let unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
-    unanswered_close
 }
 
 /// Closes the broker did not answer are waited for too: they join what the

@@ -1,0 +1,88 @@
+//! What the drain does on every queue's consumer at once: `basic.cancel`,
+//! then `channel.close`; and what a consumer loop still held.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use futures::future::join_all;
+use lapin::options::BasicCancelOptions;
+use tracing::warn;
+
+use super::bounds::CLOSE_TIMEOUT;
+use super::link::QueueHandle;
+
+/// `basic.cancel` on every consumer at once, within the deadline; what the
+/// broker did not answer. Sets `hurried` if `hurry` resolves first.
+pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
+    queues: &[QueueHandle],
+    deadline: tokio::time::Instant,
+    hurry: Pin<&mut H>,
+    hurried: &mut bool,
+) -> Vec<String> {
+    let unanswered: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let cancels = join_all(queues.iter().map(|q| {
+        let unanswered = &unanswered;
+        async move {
+            if !q.channel.status().connected() {
+                return;
+            }
+            let cancel = q
+                .channel
+                .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
+            let why = match tokio::time::timeout_at(deadline, cancel).await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => {
+                    warn!(queue = %q.name, error = %e, "basic.cancel failed; the channel close will stop the consumer");
+                    format!("{}: basic.cancel was not answered ({e})", q.name)
+                }
+                Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
+            };
+            unanswered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(why);
+        }
+    }));
+    tokio::select! {
+        _ = cancels => {}
+        () = hurry => *hurried = true,
+    }
+    unanswered.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A queue whose consumer loops had not finished, with what they still
+/// held.
+pub(super) fn loops_not_finished(q: &QueueHandle) -> Option<String> {
+    let loops = q.stats.loops.load(Ordering::Relaxed);
+    let unsettled = q.stats.unsettled.load(Ordering::Relaxed);
+    let buffered = q.stats.buffered.load(Ordering::Relaxed);
+    (loops > 0).then(|| {
+        format!(
+            "{}: {loops} consumer loop(s) not finished, {unsettled} settle(s) not sent or not answered, {buffered} buffered",
+            q.name
+        )
+    })
+}
+
+/// Each channel closed, all at once; those the broker did not answer
+/// within [`CLOSE_TIMEOUT`].
+pub(super) async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
+    let closes = join_all(queues.iter().map(|q| async move {
+        if q.channel.status().connected()
+            && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
+                .await
+                .is_err()
+        {
+            return Some(format!(
+                "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
+                q.name
+            ));
+        }
+        None
+    }))
+    .await;
+    let unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
+    unanswered_close
+}
