@@ -1,0 +1,183 @@
+//! The command line, one subcommand per verb (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// What `--reason` accepts: the reasons acemq writes to `x-acemq-reason`.
+const REASONS: &str = "max-attempts, rejected, panic, timeout, redelivered";
+
+/// acemq's operator command: the topology a config names, queue depths, and
+/// dead letters.
+///
+/// Exit codes: 0 ok, 1 `topology plan` found differences (or `queues
+/// --strict` a missing queue), 64 usage, 65 a queue named on the command
+/// line is not there, 69 broker unavailable, 78 config error (or a broker
+/// queue that contradicts the config).
+#[derive(Debug, Parser)]
+#[command(name = "acemq", version, propagate_version = true)]
+pub(crate) struct Cli {
+    /// The broker, as amqp://user:password@host:port/vhost (amqps:// for
+    /// TLS); several separated by commas. Wins over AMQP_ADDR, which wins
+    /// over the config's `addresses`; the default is
+    /// amqp://guest:guest@127.0.0.1:5672/%2f.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) amqp_addr: Option<String>,
+
+    /// Print one JSON document on stdout, for scripts, instead of text for
+    /// a person.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Compare the broker with a config, or declare what it lacks.
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Each configured queue's ready messages and consumers, with its
+    /// dead-letter queue's and retry rungs' depths.
+    Queues(QueuesArgs),
+    /// Look at a dead-letter queue without taking anything, or move its
+    /// messages back.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// `acemq topology ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum TopologyCommand {
+    /// List what the broker lacks or holds differently from the config
+    /// (queues and their arguments, dead-letter queues, retry rungs,
+    /// exchanges), creating nothing. Exit 0 when they agree, 1 when not.
+    Plan(ConfigArg),
+    /// Declare what the broker lacks; refuse (exit 78, nothing changed) when
+    /// a queue or exchange exists with other arguments.
+    Apply(ConfigArg),
+}
+
+/// The config file every topology verb reads.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigArg {
+    /// The acemq config (.yaml, .yml, .toml or .json), as the service
+    /// loads it.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: PathBuf,
+}
+
+/// `acemq queues`
+#[derive(Debug, Args)]
+pub(crate) struct QueuesArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArg,
+    /// Exit 1 when a queue, dead-letter queue or rung is missing (by
+    /// default a missing queue is shown as missing and the exit is 0).
+    #[arg(long)]
+    pub(crate) strict: bool,
+}
+
+/// `acemq dlq ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum DlqCommand {
+    /// Show the first messages of QUEUE.dlq — reason, attempts, where they
+    /// came from, error, body — and give every one back, in order.
+    Peek(PeekArgs),
+    /// Move the messages of QUEUE.dlq back to QUEUE with their attempt
+    /// count reset, each confirmed in QUEUE before it leaves QUEUE.dlq.
+    Replay(ReplayArgs),
+}
+
+/// `acemq dlq peek`
+#[derive(Debug, Args)]
+pub(crate) struct PeekArgs {
+    /// The work queue (its dead letters are in QUEUE.dlq); a name ending in
+    /// `.dlq` is read as the dead-letter queue itself.
+    pub(crate) queue: String,
+    /// Show at most N messages.
+    #[arg(long, short = 'n', value_name = "N", default_value_t = 10)]
+    pub(crate) limit: usize,
+    /// Show only messages dead-lettered for REASON (max-attempts, rejected,
+    /// panic, timeout, redelivered; `none` for those without the header,
+    /// dead-lettered by the broker itself).
+    #[arg(long, value_name = "REASON", value_parser = parse_peek_reason)]
+    pub(crate) reason: Option<String>,
+    /// Show at most this many bytes of each body.
+    #[arg(long, value_name = "BYTES", default_value_t = 96)]
+    pub(crate) body_bytes: usize,
+    /// Take the broker addresses and TLS files from this config.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+/// `acemq dlq replay`
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// The work queue to move QUEUE.dlq's messages back to (a name ending
+    /// in `.dlq` is read as the dead-letter queue itself).
+    pub(crate) queue: String,
+    /// Move only messages dead-lettered for REASON (max-attempts, rejected,
+    /// panic, timeout, redelivered); the others stay, in order.
+    #[arg(long, value_name = "REASON", value_parser = parse_replay_reason)]
+    pub(crate) reason: Option<acemq::Reason>,
+    /// Take at most N messages from QUEUE.dlq (moved or skipped).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub(crate) limit: Option<usize>,
+    /// Take the broker addresses and TLS files from this config.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+fn parse_replay_reason(s: &str) -> Result<acemq::Reason, String> {
+    acemq::Reason::from_header(s)
+        .ok_or_else(|| format!("not a reason acemq writes (one of {REASONS})"))
+}
+
+fn parse_peek_reason(s: &str) -> Result<String, String> {
+    if s == "none" {
+        return Ok(s.to_owned());
+    }
+    parse_replay_reason(s).map(|r| r.as_str().to_owned())
+}
+
+/// The dead-letter queue and the work queue a QUEUE argument names.
+pub(crate) fn queue_pair(queue: &str) -> (String, String) {
+    match queue.strip_suffix(".dlq") {
+        Some(work) if !work.is_empty() => (queue.to_owned(), work.to_owned()),
+        _ => (format!("{queue}.dlq"), queue.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_queue_argument_names_its_dead_letter_queue() {
+        assert_eq!(
+            queue_pair("shop.orders"),
+            ("shop.orders.dlq".to_owned(), "shop.orders".to_owned())
+        );
+        assert_eq!(
+            queue_pair("shop.orders.dlq"),
+            ("shop.orders.dlq".to_owned(), "shop.orders".to_owned())
+        );
+    }
+
+    #[test]
+    fn reasons_are_the_ones_acemq_writes() {
+        assert!(parse_replay_reason("rejected").is_ok());
+        assert!(parse_replay_reason("none").is_err());
+        assert_eq!(parse_peek_reason("none").as_deref(), Ok("none"));
+        assert!(parse_peek_reason("oops").is_err());
+    }
+}

@@ -1,0 +1,93 @@
+//! The config, the broker addresses and the connection, all through the
+//! library's own code: `Config::from_path` (its validation and error
+//! texts), `resolve_addresses` (`--amqp-addr` > `AMQP_ADDR` > the config's
+//! `addresses` > the default), `connect_any` (its timeout, TLS and error
+//! texts, the password hidden).
+
+use std::path::Path;
+use std::time::Duration;
+
+use acemq::config::Config;
+use acemq::connection::{
+    check_address, connect_any, resolve_addresses, ConnectError, ConnectOptions,
+};
+use acemq::lapin::Connection;
+
+use crate::exit::Failure;
+
+/// Loads and validates a config as the service does; a failure is exit 78
+/// with the library's text (it names the field and the fix).
+pub(crate) fn load_config(path: &Path) -> Result<Config, Failure> {
+    Config::from_path(path).map_err(|e| Failure::config(e.to_string()))
+}
+
+/// Where to connect and how.
+#[derive(Debug)]
+pub(crate) struct Target {
+    addresses: Vec<String>,
+    options: ConnectOptions,
+    timeout: Duration,
+}
+
+impl Target {
+    /// The addresses from `--amqp-addr`, `AMQP_ADDR`, the config or the
+    /// default, and the config's heartbeat, TLS files and connect timeout.
+    /// A malformed `--amqp-addr` is a usage error (exit 64), named without
+    /// its password.
+    pub(crate) fn new(flag: Option<&str>, config: Option<&Config>) -> Result<Target, Failure> {
+        let from_flag: Option<Vec<String>> = flag.map(|f| vec![f.to_owned()]);
+        if let Some(flag) = flag {
+            for addr in flag.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                check_address(addr).map_err(|why| Failure::usage(format!("--amqp-addr: {why}")))?;
+            }
+        }
+        let config_addresses = config.map_or(&[][..], |c| c.addresses.as_slice());
+        Ok(Target {
+            addresses: resolve_addresses(from_flag.as_deref(), config_addresses),
+            options: config.map(ConnectOptions::from_config).unwrap_or_default(),
+            timeout: config.map_or(Config::DEFAULT_CONNECT_TIMEOUT, |c| c.connect_timeout),
+        })
+    }
+
+    /// Connects to the first address that answers; returns the connection
+    /// and the address that answered, password hidden.
+    pub(crate) async fn connect(&self, verb: &str) -> Result<(Connection, String), Failure> {
+        let name = format!("acemq {verb} ({}:{})", hostname(), std::process::id());
+        match connect_any(&self.addresses, &name, self.timeout, &self.options).await {
+            Ok(connected) => Ok((connected.connection, connected.address)),
+            Err(e) => Err(connect_failure(e)),
+        }
+    }
+}
+
+/// A connect error's exit code: 78 for what the config or the environment
+/// got wrong (an address that is not an AMQP URL, a TLS file), 69 for the
+/// rest. The library's text names the address with its password hidden.
+fn connect_failure(e: ConnectError) -> Failure {
+    let message = e.to_string();
+    match e {
+        ConnectError::BadAddress { .. } | ConnectError::Tls { .. } => Failure::config(message),
+        _ => Failure::unavailable(message),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_flag_address_is_a_usage_error_without_its_password() {
+        let e = Target::new(Some("http://u:s3cret@h/"), None).unwrap_err();
+        assert_eq!(e.exit, crate::exit::Exit::Usage);
+        assert!(!e.message.contains("s3cret"), "{e}");
+    }
+}

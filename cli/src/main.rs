@@ -1,0 +1,67 @@
+//! `acemq`, the operator command for acemq: plan and apply the topology a
+//! config names, show queue depths, peek at and replay dead letters. See
+//! the crate's README for each verb and its exit codes.
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+mod cli;
+mod connect;
+mod exit;
+mod output;
+mod peek;
+mod probe;
+mod queues;
+mod replay;
+mod topology;
+
+use cli::{Cli, Command, DlqCommand, TopologyCommand};
+use exit::{Exit, Failure};
+
+async fn run(cli: Cli) -> Result<Exit, Failure> {
+    let addr = cli.amqp_addr.as_deref();
+    let json = cli.json;
+    match &cli.command {
+        Command::Topology(TopologyCommand::Plan(a)) => topology::plan(&a.config, addr, json).await,
+        Command::Topology(TopologyCommand::Apply(a)) => {
+            topology::apply(&a.config, addr, json).await
+        }
+        Command::Queues(a) => queues::queues(&a.config.config, a.strict, addr, json).await,
+        Command::Dlq(DlqCommand::Peek(a)) => peek::peek(a, addr, json).await,
+        Command::Dlq(DlqCommand::Replay(a)) => replay::replay(a, addr, json).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // Help and version are answers (0); every other clap error is a
+            // usage error: 64, not clap's 2.
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Exit::Ok.into(),
+                _ => Exit::Usage.into(),
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("acemq: could not start the runtime: {e}");
+            return ExitCode::from(70); // EX_SOFTWARE
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(exit) => exit.into(),
+        Err(failure) => {
+            eprintln!("acemq: {failure}");
+            failure.exit.into()
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Printing: one JSON document for scripts, and the small text helpers a
+//! person's output needs (bodies escaped, long texts cut, ages).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Prints `value` as one pretty JSON document on stdout.
+pub(crate) fn json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        // Only a map with non-string keys fails; none is built here.
+        Err(e) => eprintln!("acemq: could not write JSON: {e}"),
+    }
+}
+
+/// At most `max` bytes of `bytes`, printable: UTF-8 text as it is, with
+/// `\n`, `\r`, `\t`, `\\` and other control characters escaped and bytes
+/// that are not UTF-8 as `\xNN`; `…` when cut.
+pub(crate) fn escape_bytes(bytes: &[u8], max: usize) -> String {
+    let (head, cut) = if bytes.len() > max {
+        // Not in the middle of a character: back off over continuation
+        // bytes (at most three).
+        let mut end = max;
+        while end > 0 && max - end < 3 && bytes[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        (&bytes[..end], true)
+    } else {
+        (bytes, false)
+    };
+    let mut out = String::with_capacity(head.len() + 8);
+    for chunk in head.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            push_escaped(&mut out, c);
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        '\\' => out.push_str("\\\\"),
+        c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
+}
+
+/// `text` escaped as [`escape_bytes`] does, cut to at most `max` characters.
+pub(crate) fn cut(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == max {
+            out.push('…');
+            break;
+        }
+        push_escaped(&mut out, c);
+    }
+    out
+}
+
+/// An age a person reads: `42s`, `3m12s`, `5h02m`, `3d04h`.
+pub(crate) fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_shown_printable_and_cut() {
+        assert_eq!(escape_bytes(b"{\"a\":1}", 64), "{\"a\":1}");
+        assert_eq!(escape_bytes(b"a\nb\x00\xff", 64), "a\\nb\\u{0}\\xff");
+        assert_eq!(escape_bytes(b"abcdef", 3), "abc…");
+        assert_eq!(escape_bytes("héllo".as_bytes(), 2), "h…");
+        assert_eq!(escape_bytes(b"a\xff\x80\x80\x80\x80", 5), "a\\xff…");
+    }
+
+    #[test]
+    fn ages_read_as_a_person_writes_them() {
+        assert_eq!(age(Duration::from_secs(42)), "42s");
+        assert_eq!(age(Duration::from_secs(192)), "3m12s");
+        assert_eq!(age(Duration::from_secs(5 * 3600 + 120)), "5h02m");
+        assert_eq!(age(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d04h");
+    }
+
+    #[test]
+    fn long_texts_are_cut() {
+        assert_eq!(cut("boom\nbang", 100), "boom\\nbang");
+        assert_eq!(cut("abcdef", 3), "abc…");
+    }
+}
