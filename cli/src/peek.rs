@@ -2,17 +2,23 @@
 //! given back.
 //!
 //! Messages are taken with `basic.get` and manual acknowledgement on one
-//! channel, never acknowledged, and given back together at the end with
-//! one `basic.nack(requeue, multiple)` up to the last tag, then the
-//! channel is closed. Killed half-way, the broker gives back what the
-//! closed connection held. What a peek changes (the redelivered flag, and
-//! on quorum queues `x-delivery-count`) is in docs/cli.md.
+//! channel of their own, never acknowledged, and given back together by
+//! closing that channel: the broker requeues what a closed channel held.
+//! Killed half-way, the same happens when the connection drops.
+//!
+//! Closing rather than `basic.nack(requeue, multiple)` is deliberate. Both
+//! put a classic queue's messages back at its head in their order (3.10.8
+//! and 4.0.5), and a quorum queue's on 4.0.5; but on 3.10.8 a nack or
+//! reject with requeue puts a quorum queue's messages at its *back*, while
+//! a closed channel's go back to the head in order (measured here; see
+//! docs/cli.md, with what a peek changes: the redelivered flag and, on
+//! quorum queues, `x-delivery-count`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use acemq::convert::headers_from_table;
 use acemq::lapin::message::BasicGetMessage;
-use acemq::lapin::options::{BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use acemq::lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use acemq::lapin::types::FieldTable;
 use acemq::layers::dead_letter::{
     ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER, ERROR_HEADER, QUEUE_HEADER, REASON_HEADER,
@@ -168,6 +174,11 @@ struct PeekReport {
     held: u32,
     /// Messages taken (and given back).
     taken: usize,
+    /// The highest `x-delivery-count` among the messages taken, as they
+    /// were delivered to this peek (quorum queues count deliveries: the
+    /// peek raised each by one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_delivery_count: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
     messages: Vec<Peeked>,
@@ -183,17 +194,18 @@ pub(crate) async fn peek(
     let target = Target::new(amqp_addr, config.as_ref())?;
     let (dlq, _) = queue_pair(&args.queue);
     let (conn, broker) = target.connect("dlq peek").await?;
-    let result = take_and_give_back(&conn, &dlq, args).await;
-    let _ = conn.close(200, "OK".into()).await;
-    let (held, taken, messages) = result?;
-    let report = PeekReport {
+    let mut report = PeekReport {
         broker,
         queue: dlq,
-        held,
-        taken,
+        held: 0,
+        taken: 0,
+        max_delivery_count: None,
         reason: args.reason.clone(),
-        messages,
+        messages: Vec::new(),
     };
+    let result = take_and_give_back(&conn, args, &mut report).await;
+    let _ = conn.close(200, "OK".into()).await;
+    result?;
     if json {
         crate::output::json(&report);
     } else {
@@ -202,11 +214,14 @@ pub(crate) async fn peek(
     Ok(Exit::Ok)
 }
 
+/// Takes up to `args.limit` matching messages into `report`, then gives
+/// every message taken back.
 async fn take_and_give_back(
     conn: &acemq::lapin::Connection,
-    dlq: &str,
     args: &PeekArgs,
-) -> Result<(u32, usize, Vec<Peeked>), Failure> {
+    report: &mut PeekReport,
+) -> Result<(), Failure> {
+    let dlq = report.queue.as_str();
     let ch = conn
         .create_channel()
         .await
@@ -215,7 +230,7 @@ async fn take_and_give_back(
         passive: true,
         ..QueueDeclareOptions::default()
     };
-    let held = match ch
+    report.held = match ch
         .queue_declare(dlq.into(), passive, FieldTable::default())
         .await
     {
@@ -227,55 +242,48 @@ async fn take_and_give_back(
             )))
         }
     };
-    let mut shown = Vec::new();
-    let mut taken = 0;
-    let mut last_tag = None;
     let mut failed = None;
-    while (taken as u64) < u64::from(held) && shown.len() < args.limit {
+    while (report.taken as u64) < u64::from(report.held) && report.messages.len() < args.limit {
         match ch
             .basic_get(dlq.into(), BasicGetOptions { no_ack: false })
             .await
         {
             Ok(Some(m)) => {
-                taken += 1;
-                last_tag = Some(m.delivery.delivery_tag);
-                let p = summarise(taken, &m, args.body_bytes);
+                report.taken += 1;
+                let p = summarise(report.taken, &m, args.body_bytes);
+                report.max_delivery_count = report.max_delivery_count.max(p.delivery_count);
                 if matches(&p, args.reason.as_deref()) {
-                    shown.push(p);
+                    report.messages.push(p);
                 }
             }
             Ok(None) => break,
             Err(e) => {
                 failed = Some(Failure::unavailable(format!(
-                    "could not read {dlq:?} after {taken} messages ({e}); what was taken goes back \
-                     to the queue as the channel closes"
+                    "could not read {dlq:?} after {} messages ({e}); what was taken goes back \
+                     to the queue as the channel closes",
+                    report.taken
                 )));
                 break;
             }
         }
     }
-    // Every message taken goes back: one nack up to the last tag, then the
-    // channel closes (which would give them back too).
-    if let Some(tag) = last_tag {
-        let nack = BasicNackOptions {
-            multiple: true,
-            requeue: true,
-        };
-        if let Err(e) = ch.basic_nack(tag, nack).await {
+    // Every message taken goes back as the channel closes (never settled:
+    // see the module docs for why not a nack). Were the close to fail, the
+    // connection's close right after gives them back the same way.
+    if ch.status().connected() {
+        if let Err(e) = ch.close(200, "OK".into()).await {
             failed.get_or_insert_with(|| {
                 Failure::unavailable(format!(
-                    "could not give the {taken} messages back with a nack ({e}); the broker \
-                     gives them back as the connection closes"
+                    "could not close the channel that holds the {} messages taken ({e}); \
+                     the broker gives them back as the connection closes",
+                    report.taken
                 ))
             });
         }
     }
-    if ch.status().connected() {
-        let _ = ch.close(200, "OK".into()).await;
-    }
     match failed {
         Some(e) => Err(e),
-        None => Ok((held, taken, shown)),
+        None => Ok(()),
     }
 }
 
@@ -337,6 +345,15 @@ fn print_text(r: &PeekReport) {
         r.broker,
         r.taken
     );
+    if let Some(n) = r.max_delivery_count {
+        eprintln!(
+            "note: {} counts deliveries (a quorum queue): this peek delivered each message it \
+             took once more (the most delivered had x-delivery-count {n} as it came). Past the \
+             queue's delivery limit (x-delivery-limit; 20 by default on RabbitMQ 4) the broker \
+             drops or dead-letters a message: do not peek at it in a loop.",
+            r.queue
+        );
+    }
 }
 
 fn plural(n: i64) -> &'static str {

@@ -134,6 +134,10 @@ pub(crate) struct Counts {
     pub(crate) differs: usize,
     pub(crate) unchecked: usize,
     pub(crate) same: usize,
+    /// Bindings whose queue or exchange is missing (so they are too).
+    pub(crate) bindings_missing: usize,
+    /// Bindings between a queue and an exchange that both exist: whether
+    /// they are bound cannot be read.
     pub(crate) bindings_not_read: usize,
 }
 
@@ -142,6 +146,7 @@ impl Plan {
         let mut c = Counts::default();
         for item in &self.items {
             match item.state {
+                State::Missing if item.role == Role::Binding => c.bindings_missing += 1,
                 State::Missing => c.missing += 1,
                 State::Differs => c.differs += 1,
                 State::Unchecked => c.unchecked += 1,
@@ -305,6 +310,13 @@ fn summary(plan: &Plan) -> String {
         parts.push(format!("{} unchecked", c.unchecked));
     }
     parts.push(format!("{} as configured", c.same));
+    if c.bindings_missing > 0 {
+        parts.push(format!(
+            "{} binding{} missing",
+            c.bindings_missing,
+            if c.bindings_missing == 1 { "" } else { "s" }
+        ));
+    }
     if c.bindings_not_read > 0 {
         parts.push(format!(
             "{} binding{} left to apply",
@@ -338,7 +350,7 @@ pub(crate) async fn plan(
         }
         println!("plan for {}: {}", plan.broker, summary(&plan));
         let c = plan.counts();
-        if c.missing > 0 {
+        if c.missing + c.bindings_missing > 0 {
             println!(
                 "run `acemq topology apply --config {}` to declare what is missing",
                 config.display()
