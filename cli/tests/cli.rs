@@ -751,3 +751,111 @@ async fn usage_errors_exit_64_and_help_exits_0() {
         assert_eq!(run.code, Some(0), "{args:?}: {run}");
     }
 }
+
+#[tokio::test]
+async fn a_quorum_queue_with_its_rungs_plans_as_configured_once_applied() {
+    let q = unique("quorum.q");
+    let _cleanup = Cleanup::queues(vec![
+        q.clone(),
+        format!("{q}.dlq"),
+        format!("{q}.retry.2s"),
+        format!("{q}.retry.4s"),
+    ]);
+    let config = ConfigFile::yaml(&format!(
+        "queues:\n  - name: {q}\n    type: quorum\n    dead_letter: true\n    \
+         retries: {{ max_attempts: 4, initial_delay: 1, max_delay: 4, broker_wait_threshold: 2 }}\n"
+    ));
+    let apply = acemq(&["topology", "apply", "--config", config.path()]).await;
+    assert_eq!(apply.code, Some(0), "{apply}");
+    let plan = acemq(&["topology", "plan", "--config", config.path()]).await;
+    assert_eq!(plan.code, Some(0), "{plan}");
+    assert!(
+        plan.stdout
+            .contains("0 missing, 0 different, 4 as configured"),
+        "{plan}"
+    );
+}
+
+#[tokio::test]
+async fn an_argument_only_the_broker_has_and_a_transient_queue_are_differences_too() {
+    let (extra, transient) = (unique("extra.q"), unique("transient.q"));
+    let _cleanup = Cleanup::queues(vec![extra.clone(), transient.clone()]);
+    let mut broker = Broker::new().await;
+    broker
+        .declare(
+            &extra,
+            table(vec![("x-max-length", AMQPValue::LongLongInt(10))]),
+        )
+        .await;
+    let ch = broker.conn.create_channel().await.expect("channel");
+    ch.queue_declare(
+        transient.as_str().into(),
+        Default::default(), // not durable
+        Default::default(),
+    )
+    .await
+    .expect("declare");
+    let config = ConfigFile::yaml(&format!(
+        "queues:\n  - name: {extra}\n  - name: {transient}\n"
+    ));
+    let plan = acemq(&["topology", "plan", "--config", config.path()]).await;
+    assert_eq!(plan.code, Some(1), "{plan}");
+    for part in [
+        format!("~ queue {extra}: x-max-length differs (PRECONDITION_FAILED"),
+        "received none but current is the value '10'".to_owned(),
+        format!("~ queue {transient}: durable differs"),
+    ] {
+        assert!(plan.stdout.contains(&part), "{part:?} in\n{plan}");
+    }
+    // The probes changed nothing: the same answer again.
+    let again = acemq(&["topology", "plan", "--config", config.path()]).await;
+    assert_eq!(again.stdout, plan.stdout);
+}
+
+#[tokio::test]
+async fn a_passive_queue_is_only_checked_and_apply_will_not_create_it() {
+    let (q, p) = (unique("passive.q"), unique("passive.p"));
+    let _cleanup = Cleanup::queues(vec![q.clone(), p.clone()]);
+    let config = ConfigFile::yaml(&format!(
+        "queues:\n  - name: {q}\n    bindings: [{{ exchange: amq.topic, routing_keys: [\"{q}\"] }}]\n  \
+         - name: {p}\n    passive: true\n"
+    ));
+    let plan = acemq(&["topology", "plan", "--config", config.path()]).await;
+    assert_eq!(plan.code, Some(1), "{plan}");
+    for part in [
+        format!("+ queue {p} (missing; managed elsewhere: apply will not create it)"),
+        "= exchange amq.topic (exists; managed elsewhere, only its existence is checked)"
+            .to_owned(),
+    ] {
+        assert!(plan.stdout.contains(&part), "{part:?} in\n{plan}");
+    }
+    let apply = acemq(&["topology", "apply", "--config", config.path()]).await;
+    assert_eq!(apply.code, Some(69), "as the service exits: {apply}");
+    assert!(
+        apply.stderr.contains(&format!(
+            "queue {p:?} does not exist, and the config marks it passive"
+        )),
+        "{apply}"
+    );
+    let mut broker = Broker::new().await;
+    assert_eq!(broker.ready(&q).await, None, "nothing declared");
+
+    // Declared elsewhere (here, with an argument acemq does not check).
+    broker
+        .declare(&p, table(vec![("x-max-length", AMQPValue::LongLongInt(5))]))
+        .await;
+    let apply = acemq(&["topology", "apply", "--config", config.path()]).await;
+    assert_eq!(apply.code, Some(0), "{apply}");
+    assert!(
+        apply.stdout.contains(&format!("+ queue {q} (created)")),
+        "{apply}"
+    );
+    let plan = acemq(&["topology", "plan", "--config", config.path()]).await;
+    assert_eq!(plan.code, Some(0), "{plan}");
+    assert!(
+        plan.stdout.contains(&format!(
+            "= queue {p} (exists; managed elsewhere, only its existence is checked)"
+        )),
+        "{plan}"
+    );
+}
