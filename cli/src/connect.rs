@@ -42,8 +42,10 @@ impl Target {
             }
         }
         let config_addresses = config.map_or(&[][..], |c| c.addresses.as_slice());
+        let addresses = resolve_addresses(from_flag.as_deref(), config_addresses);
+        refuse_tls_without_tls(&addresses)?;
         Ok(Target {
-            addresses: resolve_addresses(from_flag.as_deref(), config_addresses),
+            addresses,
             options: config.map(ConnectOptions::from_config).unwrap_or_default(),
             timeout: config.map_or(Config::DEFAULT_CONNECT_TIMEOUT, |c| c.connect_timeout),
         })
@@ -57,6 +59,27 @@ impl Target {
             Ok(connected) => Ok((connected.connection, connected.address)),
             Err(e) => Err(connect_failure(e)),
         }
+    }
+}
+
+/// Without the `tls` feature lapin has no TLS backend, and its TCP layer
+/// then opens an `amqps://` address in plain text (the password included)
+/// rather than failing: refuse such an address before connecting (exit 78).
+fn refuse_tls_without_tls(addresses: &[String]) -> Result<(), Failure> {
+    if cfg!(feature = "tls") {
+        return Ok(());
+    }
+    match addresses
+        .iter()
+        .find(|a| a.trim_start().to_ascii_lowercase().starts_with("amqps:"))
+    {
+        Some(addr) => Err(Failure::config(format!(
+            "{} asks for TLS, and this acemq was built without its `tls` feature (it would \
+             connect in plain text): install it with `cargo install acemq-cli --features tls`, \
+             or use an amqp:// address",
+            acemq::connection::redact(addr)
+        ))),
+        None => Ok(()),
     }
 }
 

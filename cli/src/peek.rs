@@ -289,9 +289,10 @@ async fn take_and_give_back(
 
 fn print_text(r: &PeekReport) {
     for p in &r.messages {
-        let mut head = vec![format!("#{}", p.position)];
-        if let Some(id) = &p.message_id {
-            head.push(format!("message id {}", cut(id, 80)));
+        let mut head = Vec::new();
+        match &p.message_id {
+            Some(id) => head.push(format!("message id {}", cut(id, 80))),
+            None => head.push("no message id".to_owned()),
         }
         if let Some(s) = p.age_seconds {
             let what = if p.dead_lettered_at_ms.is_some() {
@@ -307,7 +308,7 @@ fn print_text(r: &PeekReport) {
         if p.redelivered {
             head.push("redelivered".to_owned());
         }
-        println!("{}", head.join(", "));
+        println!("#{} {}", p.position, head.join(", "));
         let reason = match (&p.reason, &p.broker_reason) {
             (Some(r), _) => r.clone(),
             (None, Some(b)) => format!("none (the broker dead-lettered it: {b})"),

@@ -303,12 +303,12 @@ async fn peek_leaves_the_queue_as_it_was(queue_type: &str) {
     let peek = acemq(&["dlq", "peek", &q, "--limit", "2"]).await;
     assert_eq!(peek.code, Some(0), "{peek}");
     for part in [
-        "#1, message id m1, dead-lettered 1m3",
+        "#1 message id m1, dead-lettered 1m3",
         "reason    rejected, after 3 attempts",
         "from      exchange \"shop\", routing key \"orders.m1\"",
         "error     boom: the order has no lines",
         "body      {\"order\":0} (11 bytes)",
-        "#2, message id m2",
+        "#2 message id m2",
         "reason    max-attempts, after 3 attempts",
     ] {
         assert!(peek.stdout.contains(part), "{part:?} in\n{peek}");
@@ -858,4 +858,19 @@ async fn a_passive_queue_is_only_checked_and_apply_will_not_create_it() {
         )),
         "{plan}"
     );
+}
+
+#[cfg(not(feature = "tls"))]
+#[tokio::test]
+async fn an_amqps_address_without_the_tls_feature_is_refused_not_sent_in_plain_text() {
+    // The broker's plain port: lapin without a TLS backend would talk to it
+    // in plain text under an amqps:// address.
+    let amqps = support::addr().replacen("amqp://", "amqps://", 1);
+    let run = acemq(&["dlq", "peek", "anything", "--amqp-addr", &amqps]).await;
+    assert_eq!(run.code, Some(78), "{run}");
+    assert!(
+        run.stderr.contains("built without its `tls` feature"),
+        "{run}"
+    );
+    assert!(!run.stderr.contains(":guest@"), "no password: {run}");
 }
