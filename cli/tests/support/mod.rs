@@ -7,7 +7,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -320,7 +320,78 @@ impl Drop for Cleanup {
     }
 }
 
-/// Reads `path` (for a test that wants to show a config in a failure).
-pub fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
+// ---- What the tests publish and declare.
+
+/// A config with one exchange and one queue bound to it, with a
+/// dead-letter queue and two retry rungs (2s and 4s).
+pub fn shop_config(x: &str, q: &str) -> ConfigFile {
+    ConfigFile::yaml(&format!(
+        r#"
+exchanges:
+  - {{ name: {x}, type: topic }}
+queues:
+  - name: {q}
+    dead_letter: true
+    retries: {{ max_attempts: 4, initial_delay: 1, max_delay: 4, broker_wait_threshold: 2 }}
+    bindings:
+      - {{ exchange: {x}, routing_keys: ["orders.*"] }}
+"#
+    ))
+}
+
+/// Everything [`shop_config`] declares, for the cleanup.
+pub fn shop_cleanup(x: &str, q: &str) -> Cleanup {
+    Cleanup {
+        queues: vec![
+            q.to_owned(),
+            format!("{q}.dlq"),
+            format!("{q}.retry.2s"),
+            format!("{q}.retry.4s"),
+        ],
+        exchanges: vec![x.to_owned()],
+    }
+}
+
+/// The headers acemq's dead-letter layer writes.
+pub fn dead_lettered(q: &str, reason: &str, attempts: i64, id: &str) -> BasicProperties {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_headers(table(vec![
+            ("x-acemq-reason", long_str(reason)),
+            ("x-acemq-error", long_str("boom: the order has no lines")),
+            ("x-acemq-attempts", AMQPValue::LongLongInt(attempts)),
+            ("x-acemq-attempt", AMQPValue::LongLongInt(attempts)),
+            ("x-acemq-queue", long_str(q)),
+            (
+                "x-acemq-dead-lettered-at",
+                AMQPValue::LongLongInt(now_ms - 90_000),
+            ),
+            ("x-acemq-original-exchange", long_str("shop")),
+            (
+                "x-acemq-original-routing-key",
+                long_str(&format!("orders.{id}")),
+            ),
+            ("x-custom", long_str("kept")),
+        ]))
+}
+
+/// Message ids of `queue`'s messages, in order, taking them all.
+pub async fn ids(broker: &mut Broker, queue: &str) -> Vec<String> {
+    broker
+        .drain(queue)
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
+        .collect()
 }

@@ -1,19 +1,12 @@
-//! `acemq topology plan` and `acemq topology apply`.
-//!
-//! Both start from [`Topology::from_config`], the declarations the service
-//! itself makes, so the command and the library never disagree about what a
-//! config means. `plan` probes each one (see [`crate::probe`]) and changes
-//! nothing; `apply` plans first, refuses when anything conflicts (nothing is
-//! declared then), and otherwise declares through [`Topology::declare`].
-
-use std::path::Path;
+//! The comparison itself: one item per exchange, queue and binding of the
+//! config, each probed on the broker (see [`crate::probe`]), nothing
+//! changed.
 
 use acemq::config::Config;
-use acemq::topology::{BindingDecl, Topology, TopologyError};
+use acemq::topology::{BindingDecl, Topology};
 use serde::Serialize;
 
-use crate::connect::{load_config, Target};
-use crate::exit::{Exit, Failure};
+use crate::exit::Failure;
 use crate::probe::{Equivalence, Found, Prober};
 
 /// What one item of the topology is.
@@ -28,7 +21,7 @@ pub(crate) enum Role {
 }
 
 impl Role {
-    fn noun(self) -> &'static str {
+    pub(crate) fn noun(self) -> &'static str {
         match self {
             Role::Queue | Role::DeadLetterQueue | Role::RetryRung => "queue",
             Role::Exchange => "exchange",
@@ -72,7 +65,7 @@ pub(crate) struct Item {
 }
 
 impl Item {
-    fn new(role: Role, name: impl Into<String>, state: State) -> Self {
+    pub(crate) fn new(role: Role, name: impl Into<String>, state: State) -> Self {
         Item {
             role,
             name: name.into(),
@@ -84,13 +77,13 @@ impl Item {
     }
 
     /// True when this item makes the plan differ from the config.
-    fn is_difference(&self) -> bool {
+    pub(crate) fn is_difference(&self) -> bool {
         !matches!(self.state, State::Same | State::NotRead)
     }
 
     /// `+ queue q (missing)`, `~ queue q: x-message-ttl differs (...)`,
     /// `= queue q`.
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let noun = self.role.noun();
         let name = &self.name;
         let said = self.broker_said.as_deref().unwrap_or_default();
@@ -191,7 +184,7 @@ fn role_of(config: &Config, queue: &str) -> Role {
 }
 
 /// Probes every declaration of `topology`, changing nothing.
-async fn probe_all(
+pub(crate) async fn probe_all(
     prober: &mut Prober<'_>,
     config: &Config,
     topology: &Topology,
@@ -278,214 +271,63 @@ fn unchecked(item: &mut Item, message: String) {
     item.broker_said = Some(message);
 }
 
-/// Loads the config, connects, probes.
-async fn plan_for(
-    config_path: &Path,
-    amqp_addr: Option<&str>,
-    verb: &str,
-) -> Result<(Config, Topology, acemq::lapin::Connection, Plan), Failure> {
-    let config = load_config(config_path)?;
-    let topology = Topology::from_config(&config);
-    let target = Target::new(amqp_addr, Some(&config))?;
-    let (conn, broker) = target.connect(verb).await?;
-    let mut prober = Prober::new(&conn);
-    let plan = probe_all(&mut prober, &config, &topology, broker).await;
-    prober.close().await;
-    match plan {
-        Ok(plan) => Ok((config, topology, conn, plan)),
-        Err(e) => {
-            let _ = conn.close(200, "OK".into()).await;
-            Err(e)
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn summary(plan: &Plan) -> String {
-    let c = plan.counts();
-    let mut parts = vec![
-        format!("{} missing", c.missing),
-        format!("{} different", c.differs),
-    ];
-    if c.unchecked > 0 {
-        parts.push(format!("{} unchecked", c.unchecked));
+    fn item(role: Role, state: State) -> Item {
+        Item::new(role, "shop.orders", state)
     }
-    parts.push(format!("{} as configured", c.same));
-    if c.bindings_missing > 0 {
-        parts.push(format!(
-            "{} binding{} missing",
-            c.bindings_missing,
-            if c.bindings_missing == 1 { "" } else { "s" }
-        ));
-    }
-    if c.bindings_not_read > 0 {
-        parts.push(format!(
-            "{} binding{} left to apply",
-            c.bindings_not_read,
-            if c.bindings_not_read == 1 { "" } else { "s" }
-        ));
-    }
-    parts.join(", ")
-}
 
-/// `acemq topology plan`: exit 0 when the broker agrees, 1 when not.
-pub(crate) async fn plan(
-    config: &Path,
-    amqp_addr: Option<&str>,
-    json: bool,
-) -> Result<Exit, Failure> {
-    let (_, _, conn, plan) = plan_for(config, amqp_addr, "topology plan").await?;
-    let _ = conn.close(200, "OK".into()).await;
-    let differs = plan.has_differences();
-    if json {
-        crate::output::json(&serde_json::json!({
-            "broker": plan.broker,
-            "config": config.display().to_string(),
-            "in_sync": !differs,
-            "counts": plan.counts(),
-            "items": plan.items,
-        }));
-    } else {
-        for item in &plan.items {
-            println!("{}", item.line());
-        }
-        println!("plan for {}: {}", plan.broker, summary(&plan));
-        let c = plan.counts();
-        if c.missing + c.bindings_missing > 0 {
-            println!(
-                "run `acemq topology apply --config {}` to declare what is missing",
-                config.display()
-            );
-        }
-        if c.differs > 0 {
-            println!(
-                "apply does not change a queue or exchange that differs: move its messages and \
-                 delete it, or change the config to match it"
-            );
-        }
-    }
-    Ok(if differs { Exit::Differences } else { Exit::Ok })
-}
-
-/// Why `apply` will not start: the first item that it cannot make right,
-/// in the library's words, and the exit code the service would give.
-fn refusal(plan: &Plan) -> Option<Failure> {
-    for item in &plan.items {
-        let said = item.broker_said.clone().unwrap_or_default();
-        let failure = match (item.role, item.state) {
-            (Role::Exchange, State::Differs) => Failure::config(
-                TopologyError::ExchangeConflict {
-                    exchange: item.name.clone(),
-                    message: said,
-                }
-                .to_string(),
-            ),
-            (_, State::Differs) => Failure::config(
-                TopologyError::Conflict {
-                    queue: item.name.clone(),
-                    argument: item.argument.clone().unwrap_or_default(),
-                    message: said,
-                }
-                .to_string(),
-            ),
-            (Role::Exchange, State::Missing) if item.managed_elsewhere => Failure::config(format!(
-                "the config binds to exchange {:?}, which does not exist and which the config \
-                 does not declare: add it under exchanges: in the config, or fix the name",
-                item.name
-            )),
-            (_, State::Missing) if item.managed_elsewhere => Failure::unavailable(
-                TopologyError::Missing {
-                    queue: item.name.clone(),
-                    message: said,
-                }
-                .to_string(),
-            ),
-            (_, State::Unchecked) => Failure::unavailable(format!(
-                "{} {} exists but could not be checked: the broker said {said:?}",
-                item.role.noun(),
-                item.name
-            )),
-            _ => continue,
-        };
-        return Some(failure);
-    }
-    None
-}
-
-/// `acemq topology apply`: declares what is missing, or refuses (exit 78
-/// for a conflict) without declaring anything.
-pub(crate) async fn apply(
-    config: &Path,
-    amqp_addr: Option<&str>,
-    json: bool,
-) -> Result<Exit, Failure> {
-    let (_, topology, conn, plan) = plan_for(config, amqp_addr, "topology apply").await?;
-    if let Some(mut refused) = refusal(&plan) {
-        let _ = conn.close(200, "OK".into()).await;
-        if json {
-            crate::output::json(&serde_json::json!({
-                "broker": plan.broker,
-                "applied": false,
-                "error": refused.message,
-                "items": plan.items,
-            }));
-        } else {
-            for item in plan.items.iter().filter(|i| i.is_difference()) {
-                println!("{}", item.line());
-            }
-        }
-        refused.message.push_str(". Nothing was changed.");
-        return Err(refused);
-    }
-    let declared = topology.declare(&conn).await;
-    let _ = conn.close(200, "OK".into()).await;
-    if let Err(e) = declared {
-        let exit = match e {
-            TopologyError::Conflict { .. }
-            | TopologyError::ExchangeConflict { .. }
-            | TopologyError::NoExchange { .. } => Exit::Config,
-            _ => Exit::Unavailable,
-        };
-        return Err(Failure::new(
-            exit,
-            format!(
-                "{e} (what came before it in the config was declared: run `acemq topology plan` to see)"
-            ),
-        ));
-    }
-    let created = plan
-        .items
-        .iter()
-        .filter(|i| i.role != Role::Binding && i.state == State::Missing)
-        .count();
-    let there = plan.items.iter().filter(|i| i.state == State::Same).count();
-    let bindings = plan
-        .items
-        .iter()
-        .filter(|i| i.role == Role::Binding)
-        .count();
-    if json {
-        crate::output::json(&serde_json::json!({
-            "broker": plan.broker,
-            "applied": true,
-            "created": created,
-            "already_there": there,
-            "bindings_applied": bindings,
-            "items": plan.items,
-        }));
-    } else {
-        for item in &plan.items {
-            let (sign, what) = match (item.role, item.state) {
-                (Role::Binding, _) => ('+', "applied"),
-                (_, State::Missing) => ('+', "created"),
-                _ => ('=', "already there"),
-            };
-            println!("{sign} {} {} ({what})", item.role.noun(), item.name);
-        }
-        println!(
-            "applied to {}: {created} created, {there} already there, {bindings} binding{} applied",
-            plan.broker,
-            if bindings == 1 { "" } else { "s" }
+    #[test]
+    fn each_item_reads_as_one_line_with_its_sign() {
+        assert_eq!(item(Role::Queue, State::Same).line(), "= queue shop.orders");
+        assert_eq!(
+            item(Role::RetryRung, State::Missing).line(),
+            "+ queue shop.orders (missing)"
         );
+        let mut differs = item(Role::Queue, State::Differs);
+        differs.argument = Some("x-message-ttl".into());
+        differs.broker_said = Some("PRECONDITION_FAILED - …".into());
+        assert_eq!(
+            differs.line(),
+            "~ queue shop.orders: x-message-ttl differs (PRECONDITION_FAILED - …)"
+        );
+        let mut passive = item(Role::Queue, State::Missing);
+        passive.managed_elsewhere = true;
+        assert!(passive.line().contains("apply will not create it"));
+        assert!(item(Role::Binding, State::NotRead)
+            .line()
+            .starts_with("? binding shop.orders: applied by `apply`"));
     }
-    Ok(Exit::Ok)
+
+    #[test]
+    fn only_what_the_broker_holds_otherwise_is_a_difference() {
+        let plan = Plan {
+            broker: String::new(),
+            items: vec![
+                item(Role::Queue, State::Same),
+                item(Role::Binding, State::NotRead),
+            ],
+        };
+        assert!(
+            !plan.has_differences(),
+            "a binding that cannot be read is not one"
+        );
+        for state in [State::Missing, State::Differs, State::Unchecked] {
+            assert!(item(Role::Queue, state).is_difference(), "{state:?}");
+        }
+    }
+
+    #[test]
+    fn a_queue_declaration_is_named_by_its_role() {
+        let config = Config::from_yaml_str(
+            "queues:\n  - name: q\n    dead_letter: true\n    retries: { max_attempts: 3, \
+             initial_delay: 1, max_delay: 2, broker_wait_threshold: 1 }\n",
+        )
+        .unwrap();
+        assert_eq!(role_of(&config, "q"), Role::Queue);
+        assert_eq!(role_of(&config, "q.dlq"), Role::DeadLetterQueue);
+        assert_eq!(role_of(&config, "q.retry.2s"), Role::RetryRung);
+    }
 }

@@ -1,0 +1,150 @@
+//! `acemq dlq replay`: what moves, what stays, and nothing lost.
+
+use std::time::Duration;
+
+use crate::support::{acemq, dead_lettered, ids, table, unique, Broker, Cleanup};
+
+#[tokio::test]
+async fn replay_moves_the_chosen_reason_back_with_the_attempt_reset_then_the_rest() {
+    let q = unique("replay.moves");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = Cleanup::queues(vec![q.clone(), dlq.clone()]);
+    let mut broker = Broker::new().await;
+    broker.declare(&q, table(vec![])).await;
+    broker.declare(&dlq, table(vec![])).await;
+    for (id, reason) in [("a", "rejected"), ("b", "max-attempts"), ("c", "rejected")] {
+        broker
+            .publish(&dlq, id.as_bytes(), dead_lettered(&q, reason, 3, id))
+            .await;
+    }
+
+    let rejected = acemq(&["dlq", "replay", &q, "--reason", "rejected"]).await;
+    assert_eq!(rejected.code, Some(0), "{rejected}");
+    assert!(
+        rejected.stdout.contains(&format!(
+            "moved 2 from {dlq} to {q} (rejected: 2); 1 left in {dlq} (other reasons)"
+        )),
+        "{rejected}"
+    );
+    assert_eq!(broker.ready(&dlq).await, Some(1), "the other reason stays");
+    let moved = broker.drain(&q).await;
+    assert_eq!(moved.len(), 2);
+    for (m, id) in moved.iter().zip(["a", "c"]) {
+        assert_eq!(&m.delivery.data[..], id.as_bytes(), "in order");
+        let h =
+            acemq::convert::headers_from_table(m.delivery.properties.headers().as_ref().unwrap());
+        for gone in [
+            "x-acemq-reason",
+            "x-acemq-attempt",
+            "x-acemq-attempts",
+            "x-acemq-error",
+        ] {
+            assert!(
+                h.get(gone).is_none(),
+                "{gone} stripped: the attempt count is reset"
+            );
+        }
+        assert_eq!(h.get("x-custom").and_then(|v| v.as_str()), Some("kept"));
+        let key = format!("orders.{id}");
+        assert_eq!(
+            h.get("x-acemq-original-routing-key")
+                .and_then(|v| v.as_str()),
+            Some(key.as_str()),
+            "where it came from is kept"
+        );
+    }
+
+    let rest = acemq(&["dlq", "replay", &q, "--json"]).await;
+    assert_eq!(rest.code, Some(0), "{rest}");
+    let v = rest.json();
+    assert_eq!(
+        (v["moved"].as_i64(), v["skipped"].as_i64()),
+        (Some(1), Some(0)),
+        "{rest}"
+    );
+    assert_eq!(
+        broker.ready(&dlq).await,
+        Some(0),
+        "the dead-letter queue is empty"
+    );
+    assert_eq!(ids(&mut broker, &q).await, ["b"]);
+}
+
+#[tokio::test]
+async fn replay_without_a_queue_to_move_back_to_exits_65_and_moves_nothing() {
+    let q = unique("replay.noqueue");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = Cleanup::queues(vec![q.clone(), dlq.clone()]);
+    let mut broker = Broker::new().await;
+    broker.declare(&dlq, table(vec![])).await;
+    for id in ["a", "b"] {
+        broker
+            .publish(&dlq, b"x", dead_lettered(&q, "rejected", 1, id))
+            .await;
+    }
+    let run = acemq(&["dlq", "replay", &q]).await;
+    assert_eq!(run.code, Some(65), "{run}");
+    assert!(
+        run.stderr.contains(&format!("there is no queue \"{q}\"")),
+        "{run}"
+    );
+    assert!(broker.wait_ready(&dlq, 2, Duration::from_secs(5)).await);
+    assert_eq!(
+        ids(&mut broker, &dlq).await,
+        ["a", "b"],
+        "nothing lost, order kept"
+    );
+
+    let nodlq = unique("replay.nodlq");
+    let _nodlq = Cleanup::queues(vec![nodlq.clone()]);
+    broker.declare(&nodlq, table(vec![])).await;
+    let run = acemq(&["dlq", "replay", &nodlq]).await;
+    assert_eq!(run.code, Some(65), "{run}");
+    assert!(run.stderr.contains(&format!("{nodlq}.dlq")), "{run}");
+}
+
+#[tokio::test]
+async fn a_replay_killed_half_way_loses_nothing() {
+    const N: usize = 3000;
+    let q = unique("replay.killed");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = Cleanup::queues(vec![q.clone(), dlq.clone()]);
+    let mut broker = Broker::new().await;
+    broker.declare(&q, table(vec![])).await;
+    broker.declare(&dlq, table(vec![])).await;
+    for i in 0..N {
+        let id = format!("{i:05}");
+        broker
+            .publish(&dlq, b"x", dead_lettered(&q, "rejected", 1, &id))
+            .await;
+    }
+    let mut child = crate::support::command(&["dlq", "replay", &q])
+        .spawn()
+        .expect("runs");
+    // Killed once it has moved some, and (most likely) not all.
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let mut started = false;
+    while !started && std::time::Instant::now() < end {
+        started = broker.ready(&q).await.unwrap_or(0) > 10;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.start_kill().expect("SIGKILL");
+    let _ = child.wait().await;
+    assert!(started, "the replay moved messages");
+    // The broker gives back what the killed replay held.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let back = ids(&mut broker, &q).await;
+    let left = ids(&mut broker, &dlq).await;
+    let mut all: Vec<String> = back.iter().chain(left.iter()).cloned().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        N,
+        "every message is in one queue or the other ({} moved, {} left)",
+        back.len(),
+        left.len()
+    );
+    assert!(back.len() + left.len() <= N + 1, "at most one in both");
+    eprintln!("killed after moving {} of {N}", back.len());
+}
