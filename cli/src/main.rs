@@ -38,12 +38,18 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
-            // Help and version are answers (0); every other clap error is a
-            // usage error: 64, not clap's 2.
+            // Help and version are answers (0, on stdout); every other clap
+            // error is a usage error: 64, not clap's 2, on stderr, with any
+            // address it echoes shown without its password.
             return match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Exit::Ok.into(),
-                _ => Exit::Usage.into(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    Exit::Ok.into()
+                }
+                _ => {
+                    eprint!("{}", output::scrub_passwords(&e.render().to_string()));
+                    Exit::Usage.into()
+                }
             };
         }
     };
@@ -60,7 +66,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(exit) => exit.into(),
         Err(failure) => {
-            eprintln!("acemq: {failure}");
+            eprintln!("acemq: {}", output::scrub_passwords(&failure.message));
             failure.exit.into()
         }
     }

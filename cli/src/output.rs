@@ -79,9 +79,53 @@ pub(crate) fn age(d: Duration) -> String {
     }
 }
 
+/// `text` with the password of every `scheme://user:password@host` in it
+/// replaced by `***` (for text that may echo what was typed, such as a
+/// usage error naming an argument it did not expect).
+pub(crate) fn scrub_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '/' | '`'))
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority
+            .rfind('@')
+            .map(|i| (&authority[..i], &authority[i..]))
+        {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = &userinfo[..userinfo.find(':').unwrap_or(0)];
+                out.push_str(user);
+                out.push_str(":***");
+                out.push_str(host);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_in_echoed_text_are_hidden() {
+        assert_eq!(
+            scrub_passwords("unrecognized subcommand 'amqp://guest:s3cret@h:5672/%2f' found"),
+            "unrecognized subcommand 'amqp://guest:***@h:5672/%2f' found"
+        );
+        assert_eq!(
+            scrub_passwords("a amqps://u:p@x, b amqp://h/v"),
+            "a amqps://u:***@x, b amqp://h/v"
+        );
+        assert_eq!(scrub_passwords("no url here"), "no url here");
+    }
 
     #[test]
     fn bodies_are_shown_printable_and_cut() {

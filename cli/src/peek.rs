@@ -33,6 +33,7 @@ use crate::cli::{queue_pair, PeekArgs};
 use crate::connect::{load_config, Target};
 use crate::exit::{Exit, Failure};
 use crate::output::{age, cut, escape_bytes};
+use crate::probe::{reply, NOT_FOUND};
 
 /// The longest error text shown in the text output, in characters (the
 /// JSON output has all of it).
@@ -235,10 +236,15 @@ async fn take_and_give_back(
         .await
     {
         Ok(q) => q.message_count(),
-        Err(e) => {
+        Err(e) if reply(&e).is_some_and(|(code, _)| code == NOT_FOUND) => {
             return Err(Failure::data(format!(
                 "there is no queue {dlq:?} to peek at ({e}); name the work queue (its dead \
                  letters are in QUEUE.dlq) or the dead-letter queue itself"
+            )))
+        }
+        Err(e) => {
+            return Err(Failure::unavailable(format!(
+                "could not check queue {dlq:?}: {e}"
             )))
         }
     };
@@ -337,15 +343,19 @@ fn print_text(r: &PeekReport) {
         .as_deref()
         .map(|w| format!(" with reason {w}"))
         .unwrap_or_default();
-    println!(
-        "{} message{}{filter} shown of {} in {} on {}; the {} taken were given back",
-        r.messages.len(),
-        plural(r.messages.len() as i64),
-        r.held,
-        r.queue,
-        r.broker,
-        r.taken
-    );
+    if r.taken == 0 {
+        println!("{} holds no message ready, on {}", r.queue, r.broker);
+    } else {
+        println!(
+            "{} message{}{filter} shown of {} in {} on {}; the {} taken were given back",
+            r.messages.len(),
+            plural(r.messages.len() as i64),
+            r.held,
+            r.queue,
+            r.broker,
+            r.taken
+        );
+    }
     if let Some(n) = r.max_delivery_count {
         eprintln!(
             "note: {} counts deliveries (a quorum queue): this peek delivered each message it \

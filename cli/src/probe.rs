@@ -26,7 +26,7 @@ use acemq::topology::{ExchangeDecl, QueueDecl};
 
 use crate::exit::Failure;
 
-const NOT_FOUND: u16 = 404;
+pub(crate) const NOT_FOUND: u16 = 404;
 const RESOURCE_LOCKED: u16 = 405;
 const PRECONDITION_FAILED: u16 = 406;
 
@@ -76,7 +76,7 @@ impl std::fmt::Debug for Prober<'_> {
 }
 
 /// The broker's reply code and text, when `e` is its refusal.
-fn reply(e: &acemq::lapin::Error) -> Option<(u16, String)> {
+pub(crate) fn reply(e: &acemq::lapin::Error) -> Option<(u16, String)> {
     match e.kind() {
         ErrorKind::ProtocolError(amqp) => Some((amqp.get_id(), amqp.get_message().to_string())),
         _ => None,

@@ -4,8 +4,6 @@
 //! acknowledged in the dead-letter queue, so a replay killed half-way loses
 //! nothing (at worst one message is in both queues).
 
-use acemq::lapin::options::QueueDeclareOptions;
-use acemq::lapin::types::FieldTable;
 use acemq::lapin::Connection;
 use acemq::replay::{replay_on, ReplayError, ReplayOptions, ReplayReport};
 use serde::Serialize;
@@ -13,6 +11,7 @@ use serde::Serialize;
 use crate::cli::{queue_pair, ReplayArgs};
 use crate::connect::{load_config, Target};
 use crate::exit::{Exit, Failure};
+use crate::probe::{Found, Prober};
 
 #[derive(Debug, Serialize)]
 struct Report<'a> {
@@ -44,22 +43,10 @@ fn print(report: &ReplayReport, broker: &str, error: Option<String>, json: bool)
 
 /// Whether queue `name` exists (a passive declare on a channel of its own).
 async fn exists(conn: &Connection, name: &str) -> Result<bool, Failure> {
-    let ch = conn
-        .create_channel()
-        .await
-        .map_err(|e| Failure::unavailable(format!("could not open a channel: {e}")))?;
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let found = ch
-        .queue_declare(name.into(), passive, FieldTable::default())
-        .await
-        .is_ok();
-    if ch.status().connected() {
-        let _ = ch.close(200, "OK".into()).await;
-    }
-    Ok(found)
+    let mut prober = Prober::new(conn);
+    let found = prober.queue(name).await;
+    prober.close().await;
+    Ok(!matches!(found?, Found::Missing { .. }))
 }
 
 /// `acemq dlq replay`.

@@ -138,6 +138,12 @@ async fn usage_errors_exit_64_and_help_exits_0() {
         let run = acemq(args).await;
         assert_eq!(run.code, Some(64), "{args:?}: {run}");
     }
+    let echoed = acemq(&["amqp://guest:s3cret@127.0.0.1:5672/%2f", "queues"]).await;
+    assert_eq!(echoed.code, Some(64), "{echoed}");
+    assert!(
+        !echoed.all().contains("s3cret"),
+        "an echoed address hides its password: {echoed}"
+    );
     let reason = acemq(&["dlq", "replay", "q", "--reason", "oops"]).await;
     assert!(
         reason.stderr.contains("not a reason acemq writes"),
