@@ -249,7 +249,13 @@ async fn take_and_give_back(
         }
     };
     let mut failed = None;
-    while (report.taken as u64) < u64::from(report.held) && report.messages.len() < args.limit {
+    // Without a filter every message taken is shown, so the limit bounds
+    // the loop. With one, at most what the queue held at the start is
+    // taken, so a queue that is being filled is not read forever.
+    let filtered = args.reason.is_some();
+    while report.messages.len() < args.limit
+        && (!filtered || (report.taken as u64) < u64::from(report.held))
+    {
         match ch
             .basic_get(dlq.into(), BasicGetOptions { no_ack: false })
             .await

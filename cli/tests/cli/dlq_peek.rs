@@ -48,6 +48,9 @@ async fn peek_leaves_the_queue_as_it_was(queue_type: &str) {
         "{peek}"
     );
 
+    // The first peek's messages are back (a quorum queue applies a closed
+    // channel's returns a moment later).
+    assert!(broker.wait_ready(&dlq, 5, Duration::from_secs(5)).await);
     // --reason filters; the dead-letter queue's own name works too.
     let rejected = acemq(&["dlq", "peek", &dlq, "--reason", "rejected", "--json"]).await;
     assert_eq!(rejected.code, Some(0), "{rejected}");
@@ -111,22 +114,28 @@ async fn peek_leaves_a_quorum_queue_in_its_order_and_says_it_counted_a_delivery(
     broker
         .publish(&dlq, b"x", dead_lettered(&q, "panic", 1, "only"))
         .await;
+    // Each peek waits for the last one's give-back: a quorum queue applies a
+    // closed channel's returns a moment later.
     for _ in 0..2 {
+        assert!(broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await);
         let peek = acemq(&["dlq", "peek", &q]).await;
         assert_eq!(peek.code, Some(0), "{peek}");
     }
+    assert!(broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await);
     let peek = acemq(&["dlq", "peek", &q, "--json"]).await;
     assert_eq!(
         peek.json()["max_delivery_count"],
         2,
         "each peek counts: {peek}"
     );
+    assert!(broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await);
     let text = acemq(&["dlq", "peek", &q]).await;
     assert!(text.stdout.contains("delivery count 3"), "{text}");
     assert!(
         text.stderr.contains("counts deliveries (a quorum queue)"),
         "{text}"
     );
+    assert!(broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await);
     assert_eq!(ids(&mut broker, &dlq).await, ["only"]);
 }
 
@@ -165,6 +174,7 @@ async fn a_peek_shows_a_message_the_broker_dead_lettered_by_its_x_death() {
     ] {
         assert!(peek.stdout.contains(part), "{part:?} in\n{peek}");
     }
+    assert!(broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await);
     let none = acemq(&["dlq", "peek", &q, "--reason", "none", "--json"]).await;
     assert_eq!(
         none.json()["messages"][0]["broker_reason"],

@@ -26,7 +26,10 @@ async fn replay_moves_the_chosen_reason_back_with_the_attempt_reset_then_the_res
         )),
         "{rejected}"
     );
-    assert_eq!(broker.ready(&dlq).await, Some(1), "the other reason stays");
+    assert!(
+        broker.wait_ready(&dlq, 1, Duration::from_secs(5)).await,
+        "the other reason stays"
+    );
     let moved = broker.drain(&q).await;
     assert_eq!(moved.len(), 2);
     for (m, id) in moved.iter().zip(["a", "c"]) {
