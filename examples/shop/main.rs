@@ -6,7 +6,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]
+//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME] [--log-format text|json]
 //! ```
 //!
 //! With no `--queue`, the shop consumes every queue its config names (except
@@ -15,6 +15,11 @@
 //! (the config file must name each; its other queues are declared, not
 //! consumed). The demo batch is seeded into the first
 //! queue consumed.
+//!
+//! `--log-format json` writes the log lines as one JSON object per line (for
+//! a log collector); `text`, the default, as people read them. Both go to
+//! stderr, filtered by `RUST_LOG` (default
+//! `info,acemq::consumer=warn,lapin::returned_messages=off`).
 //!
 //! The connection is named `acemq-shop@HOST:PID`, so an operator can tell
 //! instances apart in `rabbitmqctl list_connections client_properties`.
@@ -30,6 +35,8 @@
 
 #[path = "handler.rs"]
 mod handler;
+#[path = "../common/logging.rs"]
+mod logging;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -40,13 +47,13 @@ use std::time::Duration;
 use acemq::{App, Config};
 use handler::Stats;
 use tracing::{info, warn};
-use tracing_subscriber::EnvFilter;
 
 /// How often the Prometheus recorder's upkeep runs (histograms drained, so
 /// memory stays flat when `/metrics` is never scraped).
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
-const USAGE: &str = "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]...";
+const USAGE: &str =
+    "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]... [--log-format text|json]";
 
 /// The demo batch: one order per path.
 fn demo_batch() -> Vec<(String, Vec<u8>)> {
@@ -85,6 +92,7 @@ fn demo_batch() -> Vec<(String, Vec<u8>)> {
 }
 
 struct Args {
+    log_format: logging::LogFormat,
     config: String,
     /// The queues named by `--queue`; empty: every queue the config consumes.
     queues: Vec<String>,
@@ -93,13 +101,16 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
+    let (log_format, rest) = logging::take_log_format(std::env::args().skip(1).collect())
+        .map_err(|e| format!("{e}; {USAGE}"))?;
     let mut args = Args {
+        log_format,
         config: "examples/shop.yaml".to_owned(),
         queues: Vec::new(),
         seed: true,
         http: None,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = rest.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--config" => args.config = it.next().ok_or("--config needs a file")?,
@@ -150,14 +161,6 @@ fn connection_name() -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
-        }))
-        .with_writer(std::io::stderr)
-        .init();
-    // A handler's panic is caught and dead-lettered by acemq; log it as one line.
-    std::panic::set_hook(Box::new(log_panic));
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -165,6 +168,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
+    logging::init(
+        args.log_format,
+        "info,acemq::consumer=warn,lapin::returned_messages=off",
+        std::io::stderr,
+    );
+    // A handler's panic is caught and dead-lettered by acemq; log it as one line.
+    std::panic::set_hook(Box::new(log_panic));
     let config = match Config::from_path(&args.config) {
         Ok(c) => c,
         Err(e) => {

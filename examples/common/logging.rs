@@ -1,0 +1,113 @@
+//! `--log-format text|json` for every example: the log lines as people read
+//! them (`text`, tracing-subscriber's default format, the default) or one
+//! JSON object per line for a log collector (`json`, tracing-subscriber's
+//! JSON formatter).
+//!
+//! Not an example itself: cargo builds `examples/*.rs` and
+//! `examples/*/main.rs`, and this folder has no `main.rs`. Each example
+//! includes it with `#[path = "../common/logging.rs"] mod logging;` (or
+//! `"common/logging.rs"` from `examples/`).
+//!
+//! ```text
+//! let (format, args) = logging::take_log_format(std::env::args().skip(1).collect())?;
+//! // … the example's own parser reads `args` …
+//! logging::init(format, "info", std::io::stderr);
+//! ```
+
+use tracing::Subscriber;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// tracing-subscriber's default format (the default).
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, the event's fields
+    /// (`message` included) at the top level, `target`, and the current
+    /// span and the span list with their fields.
+    Json,
+}
+
+impl LogFormat {
+    fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!(
+                "--log-format {other:?}: the accepted values are text and json"
+            )),
+        }
+    }
+}
+
+/// Takes every `--log-format VALUE` and `--log-format=VALUE` out of `args`
+/// (the arguments without the program name) and returns the format (the
+/// last one given; `text` without any) and the other arguments, in their
+/// order, for the example's own parser. An error names the accepted values.
+pub(crate) fn take_log_format(args: Vec<String>) -> Result<(LogFormat, Vec<String>), String> {
+    let mut format = LogFormat::default();
+    let mut rest = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        if arg == "--log-format" {
+            let value = it
+                .next()
+                .ok_or("--log-format needs a value: text or json")?;
+            format = LogFormat::parse(&value)?;
+        } else if let Some(value) = arg.strip_prefix("--log-format=") {
+            format = LogFormat::parse(value)?;
+        } else {
+            rest.push(arg);
+        }
+    }
+    Ok((format, rest))
+}
+
+/// `RUST_LOG` if it is set (and valid), else the example's `default`
+/// filter.
+pub(crate) fn env_filter(default: &str) -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
+}
+
+/// Installs the global subscriber: [`env_filter`]`(default_filter)` and the
+/// lines in `format` written to `writer` (`std::io::stderr` or
+/// `std::io::stdout`).
+#[allow(
+    dead_code,
+    reason = "tracing_otlp composes its own registry from `layer`"
+)]
+pub(crate) fn init<W>(format: LogFormat, default_filter: &str, writer: W)
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::registry()
+        .with(env_filter(default_filter))
+        .with(layer(format, writer))
+        .init();
+}
+
+/// The formatting layer alone, for a subscriber composed with other layers
+/// (an OpenTelemetry layer, say): the lines in `format` written to `writer`.
+/// The filter is the caller's.
+pub(crate) fn layer<S, W>(format: LogFormat, writer: W) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt
+            .json()
+            // `message` and the event's other fields at the top level, where
+            // collectors look for them, rather than under `fields`.
+            .flatten_event(true)
+            .with_ansi(false)
+            .boxed(),
+    }
+}
