@@ -11,33 +11,39 @@
 //! Run with:
 //!
 //! ```sh
-//! cargo run --example invoices -- --http 127.0.0.1:8081
+//! cargo run --example invoices -- --http 127.0.0.1:8081   # [--no-seed] [--log-format text|json]
 //! # publish one: an invoice goes to the `billing` exchange with key invoices.eu
 //! curl -s localhost:8081/queues                  # snapshots
 //! curl -s -XPOST localhost:8081/queues/billing.invoices/pause
 //! curl -s -XPOST localhost:8081/queues/billing.invoices/resume
 //! ```
+//!
+//! `--log-format json` writes the log lines (stderr) as one JSON object per
+//! line; `text` is the default.
 
 #[path = "handler.rs"]
 mod handler;
+#[path = "../common/logging.rs"]
+mod logging;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use acemq::{App, Config};
 use tracing::info;
-use tracing_subscriber::EnvFilter;
+
+const USAGE: &str = "usage: invoices [--http ADDR] [--no-seed] [--log-format text|json]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,lapin::returned_messages=off")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let mut args = std::env::args().skip(1);
+    let (log_format, args) = match logging::take_log_format(std::env::args().skip(1).collect()) {
+        Ok(taken) => taken,
+        Err(e) => {
+            eprintln!("invoices: {e}; {USAGE}");
+            return ExitCode::from(64);
+        }
+    };
+    let mut args = args.into_iter();
     let mut http: Option<SocketAddr> = None;
     let mut seed = true;
     while let Some(a) = args.next() {
@@ -45,11 +51,16 @@ async fn main() -> ExitCode {
             "--http" => http = args.next().and_then(|v| v.parse().ok()),
             "--no-seed" => seed = false,
             other => {
-                eprintln!("invoices: unknown argument {other:?} (use --http ADDR, --no-seed)");
+                eprintln!("invoices: unknown argument {other:?}; {USAGE}");
                 return ExitCode::from(64);
             }
         }
     }
+    logging::init(
+        log_format,
+        "info,lapin::returned_messages=off",
+        std::io::stderr,
+    );
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
