@@ -4,7 +4,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example replay -- QUEUE [--reason REASON] [--limit N]
+//! cargo run --example replay -- QUEUE [--reason REASON] [--limit N] [--log-format text|json]
 //! ```
 //!
 //! `AMQP_ADDR` names the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
@@ -14,18 +14,22 @@
 //! from the dead-letter queue, so stopping the command at any point loses
 //! nothing (at worst one message is in both queues).
 //!
+//! The report goes to stdout; log lines to stderr, as one JSON object per
+//! line with `--log-format json` (`text` is the default).
+//!
 //! Exit codes: 0 done, 64 bad usage, 69 broker unreachable or the replay
 //! stopped on an error (what was moved is printed either way).
+
+#[path = "common/logging.rs"]
+mod logging;
 
 use std::process::ExitCode;
 
 use acemq::connection::amqp_addr_from_env;
 use acemq::replay::{replay_dead_letters, ReplayOptions};
 use acemq::Reason;
-use tracing_subscriber::EnvFilter;
 
-const USAGE: &str =
-    "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered] [--limit N]";
+const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered] [--limit N] [--log-format text|json]";
 
 fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
     let mut queue = None;
@@ -58,14 +62,9 @@ fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (queue, options) = match parse(&args) {
+    let parsed = logging::take_log_format(std::env::args().skip(1).collect())
+        .and_then(|(format, args)| Ok((format, parse(&args)?)));
+    let (log_format, (queue, options)) = match parsed {
         Ok(parsed) => parsed,
         Err(why) => {
             if !why.is_empty() {
@@ -75,6 +74,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    logging::init(log_format, "info", std::io::stderr);
     match replay_dead_letters(&amqp_addr_from_env(), &queue, options).await {
         Ok(report) => {
             println!("{report}");
