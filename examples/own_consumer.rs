@@ -9,20 +9,27 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example own_consumer -- [--queue NAME] [--no-seed]
+//! cargo run --example own_consumer -- [--queue NAME] [--no-seed] [--log-format text|json]
 //! ```
 //!
 //! It declares `NAME` (default `own.orders`), `NAME.dlq` and the rungs
 //! `NAME.retry.1s` and `NAME.retry.2s`, publishes a small demo batch (unless
-//! `--no-seed`), consumes until SIGTERM or Ctrl-C, then stops in order:
-//! `basic.cancel`; what the broker had already sent is handed back; the
-//! handlers still running finish (cancelled after 10 s, abandoned 5 s
-//! later); the settler sends what it holds; the channel and the
-//! connections close. A body `fail` fails once (retried), `reject` is
+//! `--no-seed`), consumes until a stop signal (SIGTERM, SIGINT, SIGHUP or
+//! SIGQUIT, through `acemq::app::Signals`, as `App` does), then stops in
+//! order: `basic.cancel`; what the broker had already sent is handed back;
+//! the handlers still running finish (cancelled after 10 s or at a second
+//! signal, abandoned 5 s later); the settler sends what it holds; the
+//! channel and the connections close. A signal during start-up ends it at
+//! once. A body `fail` fails once (retried), `reject` is
 //! dead-lettered at once with reason `rejected`, `slow` takes 3 s;
 //! anything else is acknowledged.
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! Log lines go to stdout, as one JSON object per line with `--log-format
+//! json` (`text` is the default).
+
+#[path = "common/logging.rs"]
+mod logging;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +37,8 @@ use std::time::Duration;
 use acemq::config::{AckBatch, QueueConfig, RetriesConfig};
 use acemq::lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use acemq::lapin::types::FieldTable;
-use acemq::lapin::{Connection, ConnectionProperties};
-use acemq::layers::{CancelLayer, DeadLetterDecision, DeadLetterLayer, RetryLayer};
+use acemq::lapin::{Channel, Connection, ConnectionProperties, Consumer};
+use acemq::layers::{CancelLayer, DeadLetterDecision, DeadLetterLayer, RetryLayer, RetryPolicy};
 use acemq::topology::Topology;
 use acemq::{BoxError, Config, Decision, Delivery, Properties, Publisher, Reason, Reject, Settler};
 use futures::StreamExt;
@@ -40,9 +47,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::{ServiceBuilder, ServiceExt};
 use tracing::{info, warn};
-use tracing_subscriber::EnvFilter;
 
-const USAGE: &str = "usage: own_consumer [--queue NAME] [--no-seed]";
+const USAGE: &str = "usage: own_consumer [--queue NAME] [--no-seed] [--log-format text|json]";
 const PREFETCH: u16 = 32;
 const CONCURRENCY: usize = 8;
 /// How long the handlers still running at the stop may take before they
@@ -69,28 +75,25 @@ async fn handle(delivery: Delivery) -> Result<(), BoxError> {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    let mut queue = "own.orders".to_owned();
-    let mut seed = true;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--queue" => queue = args.next().ok_or(USAGE)?,
-            "--no-seed" => seed = false,
-            _ => return Err(USAGE.into()),
-        }
-    }
+/// What start-up opened: the connections, the publisher, the retry policy,
+/// and the channel consuming the queue with its settler.
+struct Started {
+    conn: Connection,
+    publishing: Arc<Connection>,
+    publisher: Publisher,
+    policy: RetryPolicy,
+    channel: Channel,
+    consumer: Consumer,
+    settler: Settler,
+}
 
+/// Declares the queue (with its dead-letter queue and rungs), connects,
+/// seeds the demo batch and starts consuming.
+async fn start(queue: &str, seed: bool) -> Result<Started, BoxError> {
     // The queue, its dead-letter queue and its rungs, declared from a
     // config as App would (Topology is public); retries wait 0.5 s here,
     // then 1 s and 2 s on rungs.
-    let mut q = QueueConfig::new(queue.clone());
+    let mut q = QueueConfig::new(queue);
     q.dead_letter = true;
     let mut retries = RetriesConfig::new(4, Duration::from_millis(500), Duration::from_secs(2));
     retries.broker_wait_threshold = Duration::from_secs(1);
@@ -119,10 +122,70 @@ async fn main() -> Result<(), BoxError> {
     if seed {
         for body in ["ok", "fail", "reject", "slow", "ok"] {
             publisher
-                .publish("", &queue, body.as_bytes(), Properties::default())
+                .publish("", queue, body.as_bytes(), Properties::default())
                 .await?;
         }
     }
+
+    // Your consumer, your channel; the settler settles its deliveries.
+    let channel = conn.create_channel().await?;
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            "acemq-own-consumer".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let settler = Settler::new(channel.clone(), queue, AckBatch::default(), PREFETCH);
+    Ok(Started {
+        conn,
+        publishing,
+        publisher,
+        policy,
+        channel,
+        consumer,
+        settler,
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let (log_format, args) = logging::take_log_format(std::env::args().skip(1).collect())
+        .map_err(|e| format!("{e}; {USAGE}"))?;
+    let mut queue = "own.orders".to_owned();
+    let mut seed = true;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--queue" => queue = args.next().ok_or(USAGE)?,
+            "--no-seed" => seed = false,
+            _ => return Err(USAGE.into()),
+        }
+    }
+    logging::init(log_format, "info", std::io::stdout);
+
+    // Before connecting: a stop signal during start-up ends it at once, and
+    // one during the stop hurries it.
+    let mut signals = acemq::app::Signals::install();
+    let Started {
+        conn,
+        publishing,
+        publisher,
+        policy,
+        channel,
+        mut consumer,
+        settler,
+    } = tokio::select! {
+        started = start(&queue, seed) => started?,
+        signal = signals.stop() => {
+            info!(signal, "stop signal during start-up: nothing consumed; exiting");
+            return Ok(());
+        }
+    };
 
     // acemq's layers around the handler, as App stacks them (dead-letter,
     // retry, cancellation): the stack answers a `Decision`.
@@ -133,39 +196,23 @@ async fn main() -> Result<(), BoxError> {
         .layer(RetryLayer::new(policy, publisher.clone(), draining.clone()))
         .layer(CancelLayer::new(cancel.clone()).abandon_after(ABANDON_AFTER))
         .service_fn(handle);
-
-    // Your consumer, your channel; the settler settles its deliveries.
-    let channel = conn.create_channel().await?;
-    channel
-        .basic_qos(PREFETCH, BasicQosOptions::default())
-        .await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "acemq-own-consumer".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let settler = Settler::new(
-        channel.clone(),
-        queue.as_str(),
-        AckBatch::default(),
-        PREFETCH,
-    );
     info!(%queue, "consuming; SIGTERM or Ctrl-C stops");
 
-    let stop = stop_signal();
-    tokio::pin!(stop);
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let mut handlers = JoinSet::new();
     loop {
         let slot = tokio::select! {
-            () = &mut stop => break,
+            signal = signals.stop() => {
+                info!(signal, "stop signal received");
+                break;
+            }
             slot = slots.clone().acquire_owned() => slot?,
         };
         let raw = tokio::select! {
-            () = &mut stop => break,
+            signal = signals.stop() => {
+                info!(signal, "stop signal received");
+                break;
+            }
             next = consumer.next() => match next {
                 Some(Ok(raw)) => raw,
                 Some(Err(e)) => {
@@ -217,17 +264,23 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     // 2. In-process retry waits stop (they move to their rung or go back),
-    // and the handlers still running finish within the grace period; then
-    // they are cancelled, and abandoned if they ignore it.
+    // and the handlers still running finish within the grace period (a
+    // second stop signal ends it at once); then they are cancelled, and
+    // abandoned if they ignore it.
     draining.cancel();
-    let finished = tokio::time::timeout(GRACE, async {
-        while handlers.join_next().await.is_some() {}
-    })
-    .await;
-    if finished.is_err() {
+    let finished = tokio::select! {
+        finished = tokio::time::timeout(GRACE, async {
+            while handlers.join_next().await.is_some() {}
+        }) => finished.is_ok(),
+        signal = signals.stop() => {
+            warn!(signal, "second stop signal: skipping the rest of the grace period");
+            false
+        }
+    };
+    if !finished {
         warn!(
             running = handlers.len(),
-            "handlers still running after the grace period: cancelling them"
+            "handlers still running at the end of the grace period: cancelling them"
         );
         cancel.cancel();
         while handlers.join_next().await.is_some() {}
@@ -249,21 +302,4 @@ async fn main() -> Result<(), BoxError> {
     let _ = conn.close(200, "OK".into()).await;
     info!("stopped");
     Ok(())
-}
-
-/// Resolves at the first SIGTERM or Ctrl-C (SIGINT).
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
