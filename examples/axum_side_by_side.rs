@@ -5,7 +5,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--config examples/shop.yaml]
+//! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--config examples/shop.yaml] [--log-format text|json]
 //! curl -X POST localhost:3000/orders -H 'content-type: application/json' -d '{"id":"web-1","work_ms":300}'
 //! curl -X POST localhost:3000/admin/queues/shop.orders/pause   # the queue side holds, HTTP goes on
 //! curl localhost:3000/admin/queues/shop.orders                 # "paused": true, "held": …
@@ -15,10 +15,18 @@
 //! The admin routes are acemq's (`acemq::admin::router`, feature `axum`),
 //! nested under `/admin` beside the application's own.
 //!
-//! One signal root; on SIGTERM or Ctrl-C the stop order is: readiness off →
-//! the background publisher stops → axum's graceful shutdown (bounded) →
-//! the consumers drain → the connection closes. A second signal during the
-//! drain skips straight to cancellation.
+//! One signal root, `acemq::app::Signals` (SIGTERM, SIGINT, SIGHUP and
+//! SIGQUIT), installed before start so that a signal during start-up ends it
+//! at once. At the first signal the stop order is: readiness off → the
+//! background publisher stops → axum's graceful shutdown (bounded) → the
+//! consumers drain → the connection closes. A second signal during the stop
+//! skips the drain straight to cancellation.
+//!
+//! `--log-format json` writes the log lines (stderr) as one JSON object per
+//! line; `text` is the default.
+
+#[path = "common/logging.rs"]
+mod logging;
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -38,8 +46,9 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 use tracing::{info, warn};
-use tracing_subscriber::EnvFilter;
 
+const USAGE: &str =
+    "usage: axum_side_by_side [--http ADDR] [--config FILE] [--log-format text|json]";
 const QUEUE: &str = "shop.orders";
 /// How long axum may take to finish its requests after readiness went off.
 const HTTP_GRACE: Duration = Duration::from_secs(5);
@@ -99,15 +108,16 @@ async fn post_order(
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
-        }))
-        .with_writer(std::io::stderr)
-        .init();
+    let (log_format, args) = match logging::take_log_format(std::env::args().skip(1).collect()) {
+        Ok(taken) => taken,
+        Err(e) => {
+            eprintln!("axum_side_by_side: {e}; {USAGE}");
+            return ExitCode::from(acemq::app::EXIT_CONFIG);
+        }
+    };
     let mut http: SocketAddr = ([127, 0, 0, 1], 3000).into();
     let mut config_path = "examples/shop.yaml".to_owned();
-    let mut args = std::env::args().skip(1);
+    let mut args = args.into_iter();
     while let Some(a) = args.next() {
         match (a.as_str(), args.next()) {
             ("--http", Some(v)) => {
@@ -117,11 +127,16 @@ async fn main() -> ExitCode {
             }
             ("--config", Some(v)) => config_path = v,
             _ => {
-                eprintln!("usage: axum_side_by_side [--http ADDR] [--config FILE]");
+                eprintln!("{USAGE}");
                 return ExitCode::from(acemq::app::EXIT_CONFIG);
             }
         }
     }
+    logging::init(
+        log_format,
+        "info,acemq::consumer=warn,lapin::returned_messages=off",
+        std::io::stderr,
+    );
     let config = match Config::from_path(&config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -143,38 +158,19 @@ async fn main() -> ExitCode {
             }
         })
     };
+    // One signal root, installed before start: a signal during start-up
+    // ends it at once. The handlers only push; the stop runs below, on
+    // main's task.
+    let mut signals = acemq::app::Signals::install();
     let running = match App::new(config)
         .connection_name("acemq-axum-side-by-side")
         .consume(QUEUE, consumer_side)
-        .start()
+        .start_until(signals.stop())
         .await
     {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };
-
-    // One signal root. The listener only pushes; the stop runs below, on main's task.
-    let stop = CancellationToken::new();
-    let hurry = CancellationToken::new();
-    {
-        let (stop, hurry) = (stop.clone(), hurry.clone());
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            for _ in 0..2 {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-                if stop.is_cancelled() {
-                    hurry.cancel();
-                } else {
-                    stop.cancel();
-                }
-            }
-        });
-    }
 
     // The HTTP side: POST /orders runs the same service; acemq's admin
     // router, nested under /admin, answers readiness (which follows the
@@ -223,8 +219,8 @@ async fn main() -> ExitCode {
         })
     };
 
-    stop.cancelled().await;
-    info!("stop: readiness off");
+    let signal = signals.stop().await;
+    info!(signal, "stop: readiness off");
     running.stop_readiness();
     publisher_stop.cancel();
     let _ = publisher.await;
@@ -233,7 +229,16 @@ async fn main() -> ExitCode {
         Ok(_) => info!("axum finished its requests"),
         Err(_) => warn!("axum did not finish within {HTTP_GRACE:?}; draining the consumers anyway"),
     }
-    let result = running.drain_with(hurry.cancelled_owned()).await;
+    // A second signal (during the steps above too: it waits in `signals`)
+    // skips the drain straight to cancellation and abandon.
+    let hurry = async move {
+        let signal = signals.stop().await;
+        warn!(
+            signal,
+            "second stop signal: skipping to cancellation and abandon"
+        );
+    };
+    let result = running.drain_with(hurry).await;
     info!(
         handled = orders.handled.load(Ordering::Relaxed),
         "orders handled in all"
