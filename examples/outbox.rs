@@ -7,7 +7,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example outbox --features postgres -- [--http ADDR] [--queue NAME] [--no-http] [--no-relay] [--no-consumer]
+//! cargo run --example outbox --features postgres -- [--http ADDR] [--queue NAME] [--no-http] [--no-relay] [--no-consumer] [--log-format text|json]
 //! curl -XPOST localhost:8080/orders -H 'content-type: application/json' -d '{"id":"o-1","item":"book"}'
 //! ```
 //!
@@ -19,6 +19,13 @@
 //! `order-<id>-created`. `--no-http`, `--no-relay` and `--no-consumer` run
 //! parts alone (the process tests run each part in its own process).
 //!
+//! It runs until a stop signal (`acemq::app::Signals`: SIGTERM, SIGINT,
+//! SIGHUP or SIGQUIT, installed before the consumer starts, so a signal
+//! during its start-up ends it at once), then stops HTTP, the relay and the
+//! consumer, in that order; a second signal skips the consumer's drain
+//! straight to cancellation. Log lines go to stderr, as one JSON object per
+//! line with `--log-format json` (`text` is the default).
+//!
 //! Status lines on stdout, for scripts: `ready`, `shipped <order> <message id>`,
 //! `duplicate`. Two test hooks pause forever at the worst
 //! moment, to be killed there: `ACEMQ_EXAMPLE_PAUSE_AFTER_PUBLISH=1` after
@@ -26,6 +33,9 @@
 //! (prints `published <message id>`), and `ACEMQ_EXAMPLE_PAUSE_AFTER_COMMIT=1`
 //! after the consumer committed its work and before the ack (prints
 //! `committed`).
+
+#[path = "common/logging.rs"]
+mod logging;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -44,9 +54,9 @@ use axum::{Json, Router};
 use deadpool_postgres::Pool;
 use serde::{Deserialize, Serialize};
 use tower::ServiceBuilder;
-use tracing::{error, info};
-use tracing_subscriber::EnvFilter;
+use tracing::{error, info, warn};
 
+const USAGE: &str = "usage: outbox [--http ADDR] [--queue NAME] [--no-http] [--no-relay] [--no-consumer] [--log-format text|json]";
 const DEFAULT_DB: &str = "host=127.0.0.1 user=postgres dbname=acemq_outbox_example";
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -56,6 +66,7 @@ struct Order {
 }
 
 struct Args {
+    log_format: logging::LogFormat,
     http: Option<SocketAddr>,
     queue: String,
     relay: bool,
@@ -63,13 +74,15 @@ struct Args {
 }
 
 fn args() -> Result<Args, String> {
+    let (log_format, rest) = logging::take_log_format(std::env::args().skip(1).collect())?;
     let mut a = Args {
+        log_format,
         http: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
         queue: "shop.order-created".to_owned(),
         relay: true,
         consumer: true,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = rest.into_iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--http" => {
@@ -201,42 +214,16 @@ async fn ship(delivery: Delivery) -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,lapin=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = match args() {
         Ok(a) => a,
         Err(e) => {
-            error!("{e}");
+            eprintln!("outbox: {e}; {USAGE}");
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
+    logging::init(args.log_format, "info,lapin=warn", std::io::stderr);
     let settings = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DB.to_owned());
     let pool = match prepare_database(&settings).await {
         Ok(p) => p,
@@ -254,6 +241,9 @@ async fn main() -> ExitCode {
         )
     });
 
+    // Before the consumer starts: a stop signal during its start-up ends it
+    // at once.
+    let mut signals = acemq::app::Signals::install();
     // The consumer first: it declares the queue the relay publishes to.
     let running = if args.consumer {
         let yaml = format!("queues:\n  - name: {}\n    concurrency: 4\n", args.queue);
@@ -282,7 +272,7 @@ async fn main() -> ExitCode {
             .amqp_addr(amqp.clone())
             .connection_name("acemq-outbox-example")
             .consume(&args.queue, handler)
-            .start()
+            .start_until(signals.stop())
             .await
         {
             Ok(r) => Some(r),
@@ -327,8 +317,8 @@ async fn main() -> ExitCode {
     };
     println!("ready");
 
-    shutdown_signal().await;
-    info!("stopping: HTTP, then the relay, then the consumers");
+    let signal = signals.stop().await;
+    info!(signal, "stopping: HTTP, then the relay, then the consumers");
     if let Some(r) = &running {
         r.stop_readiness();
     }
@@ -344,8 +334,17 @@ async fn main() -> ExitCode {
             "relay stopped"
         );
     }
+    // A second signal (during the steps above too: it waits in `signals`)
+    // skips the drain straight to cancellation and abandon.
+    let hurry = async move {
+        let signal = signals.stop().await;
+        warn!(
+            signal,
+            "second stop signal: skipping to cancellation and abandon"
+        );
+    };
     match running {
-        Some(r) => acemq::app::finish(r.drain().await),
+        Some(r) => acemq::app::finish(r.drain_with(hurry).await),
         None => ExitCode::SUCCESS,
     }
 }
