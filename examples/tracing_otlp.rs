@@ -5,7 +5,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example tracing_otlp --features opentelemetry
+//! cargo run --example tracing_otlp --features opentelemetry -- [--log-format text|json]
 //! ```
 //!
 //! It declares `acemq.example.otel` (with `.dlq` and a 400ms rung),
@@ -13,11 +13,20 @@
 //! (which injects `traceparent`), handles one and fails the other three
 //! times — an in-process retry, a rung hop, then the dead-letter queue — and
 //! prints every span as the stdout exporter sees it, then deletes its queues.
-//! Ctrl-C or SIGTERM stops it early.
+//! A stop signal (`acemq::app::Signals`: SIGTERM, SIGINT, SIGHUP or SIGQUIT)
+//! stops it early, during start-up too; a second one skips the drain
+//! straight to cancellation.
+//!
+//! Spans go to stdout, log lines to stderr: as one JSON object per line with
+//! `--log-format json` (`text` is the default), through the same registry as
+//! the OpenTelemetry layer.
 //!
 //! For a collector, swap `opentelemetry_stdout::SpanExporter` for the
 //! `opentelemetry-otlp` crate's exporter; nothing else changes.
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+
+#[path = "common/logging.rs"]
+mod logging;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -30,11 +39,11 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tower::service_fn;
-use tracing::{info, Instrument};
+use tracing::{info, warn, Instrument};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
 
+const USAGE: &str = "usage: tracing_otlp [--log-format text|json]";
 const QUEUE: &str = "acemq.example.otel";
 
 async fn handle(delivery: Delivery) -> Result<(), BoxError> {
@@ -45,30 +54,21 @@ async fn handle(delivery: Delivery) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM, as axum's examples wait for them.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
+    let log_format = match logging::take_log_format(std::env::args().skip(1).collect()) {
+        Ok((format, rest)) => match rest.first() {
+            None => format,
+            Some(other) => {
+                eprintln!("tracing_otlp: unknown argument {other:?}; {USAGE}");
+                return ExitCode::from(64);
+            }
+        },
+        Err(e) => {
+            eprintln!("tracing_otlp: {e}; {USAGE}");
+            return ExitCode::from(64);
+        }
+    };
     // Spans go to OpenTelemetry (stdout here); log lines to stderr.
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(opentelemetry_stdout::SpanExporter::default())
@@ -78,10 +78,10 @@ async fn main() -> ExitCode {
         Box::new(BaggagePropagator::new()),
     ]));
     tracing_subscriber::registry()
-        .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            EnvFilter::new("info,acemq::consumer=warn,lapin::returned_messages=off")
-        }))
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(logging::env_filter(
+            "info,acemq::consumer=warn,lapin::returned_messages=off",
+        ))
+        .with(logging::layer(log_format, std::io::stderr))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tracing_otlp")))
         .init();
 
@@ -97,13 +97,22 @@ async fn main() -> ExitCode {
         .iter()
         .map(|d| d.name.clone())
         .collect();
+    // Before start: a stop signal during start-up ends it at once.
+    let mut signals = acemq::app::Signals::install();
     let running = match App::new(config)
         .consume(QUEUE, service_fn(handle))
-        .start()
+        .start_until(signals.stop())
         .await
     {
         Ok(r) => r,
-        Err(e) => return acemq::app::start_failed(&e),
+        Err(e) => {
+            let code = acemq::app::start_failed(&e);
+            if matches!(e, acemq::StartError::Stopped { .. }) {
+                // Stopped after the topology may have been declared.
+                delete(&queues).await;
+            }
+            return code;
+        }
     };
     let health = running.health();
     let publisher = running.publisher();
@@ -136,14 +145,19 @@ async fn main() -> ExitCode {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let code = running
-        .run_until(async {
-            tokio::select! {
-                () = done => {},
-                () = shutdown_signal() => {},
-            }
-        })
-        .await;
+    tokio::select! {
+        () = done => {}
+        signal = signals.stop() => info!(signal, "stop signal received; draining"),
+    }
+    // A second signal skips the drain straight to cancellation and abandon.
+    let hurry = async move {
+        let signal = signals.stop().await;
+        warn!(
+            signal,
+            "second stop signal: skipping to cancellation and abandon"
+        );
+    };
+    let code = acemq::app::finish(running.drain_with(hurry).await);
     if let Err(e) = provider.shutdown() {
         eprintln!("tracing_otlp: flushing the spans failed: {e}");
     }
