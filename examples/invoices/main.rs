@@ -81,7 +81,7 @@ async fn main() -> ExitCode {
         handler::Invoices::new(publisher.clone()),
     );
     let health = app.health();
-    let mut signals = acemq::Signals::install();
+    let mut signals = acemq::app::Signals::install();
     let running = match app.start_until(signals.stop()).await {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
