@@ -28,8 +28,8 @@ pub(crate) enum LogFormat {
     #[default]
     Text,
     /// One JSON object per line: `timestamp`, `level`, the event's fields
-    /// (`message` included) at the top level, `target`, and the current
-    /// span and the span list with their fields.
+    /// (`message` included) at the top level, `target`, and `spans`, the
+    /// spans the event is in (outermost first) with their fields.
     Json,
 }
 
@@ -107,6 +107,9 @@ where
             // `message` and the event's other fields at the top level, where
             // collectors look for them, rather than under `fields`.
             .flatten_event(true)
+            // The span list holds the current span last: `span`, a copy of
+            // it, would only double the line.
+            .with_current_span(false)
             .with_ansi(false)
             .boxed(),
     }
