@@ -120,7 +120,7 @@ async fn a_connection_factory_opens_both_connections_and_the_consumers_one_again
 
     // The broker closes the consumers' connection: the supervisor reopens it
     // through the factory, and readiness comes back.
-    let out = tokio::process::Command::new("rabbitmqctl")
+    let out = crate::support::rabbitmqctl()
         .args([
             "close_connection",
             &consumer_pid,
@@ -128,7 +128,7 @@ async fn a_connection_factory_opens_both_connections_and_the_consumers_one_again
         ])
         .output()
         .await
-        .expect("rabbitmqctl runs");
+        .expect(crate::support::RABBITMQCTL_RUNS);
     assert!(
         out.status.success(),
         "rabbitmqctl close_connection failed: {}",

@@ -538,11 +538,11 @@ impl BrokerUser {
             vec!["add_user", name, password],
             vec!["set_permissions", "-p", "/", name, ".*", ".*", ".*"],
         ] {
-            let out = tokio::process::Command::new("rabbitmqctl")
+            let out = crate::support::rabbitmqctl()
                 .args(&args)
                 .output()
                 .await
-                .expect("rabbitmqctl runs");
+                .expect(crate::support::RABBITMQCTL_RUNS);
             assert!(
                 out.status.success(),
                 "rabbitmqctl {} failed: {}",
@@ -556,7 +556,7 @@ impl BrokerUser {
 
 impl Drop for BrokerUser {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = crate::support::rabbitmqctl_blocking()
             .args(["delete_user", &self.name])
             .output();
     }

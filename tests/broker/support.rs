@@ -381,17 +381,61 @@ impl Broker {
     }
 }
 
+// ---- rabbitmqctl of the broker under test.
+
+/// The command line that runs `rabbitmqctl` for the broker at `AMQP_ADDR`:
+/// `ACEMQ_RABBITMQCTL` split on whitespace, default `rabbitmqctl` (the
+/// default broker's, on PATH). For the RabbitMQ 4 node of
+/// `scripts/rabbitmq4.sh`: `ACEMQ_RABBITMQCTL="scripts/rabbitmq4.sh ctl"`.
+/// A relative path in the first word (one with a `/`) is taken from the
+/// repository root (`CARGO_MANIFEST_DIR`), so it works from any directory.
+pub fn rabbitmqctl_argv() -> Vec<String> {
+    let line = std::env::var("ACEMQ_RABBITMQCTL").unwrap_or_default();
+    let mut argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+    if argv.is_empty() {
+        return vec!["rabbitmqctl".to_owned()];
+    }
+    if argv[0].contains('/') && !argv[0].starts_with('/') {
+        argv[0] = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(&argv[0])
+            .to_string_lossy()
+            .into_owned();
+    }
+    argv
+}
+
+/// `rabbitmqctl` (as [`rabbitmqctl_argv`] says) as a tokio command; add the
+/// subcommand and its arguments.
+pub fn rabbitmqctl() -> tokio::process::Command {
+    let argv = rabbitmqctl_argv();
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+/// [`rabbitmqctl`] as a blocking `std` command (for `Drop`).
+pub fn rabbitmqctl_blocking() -> std::process::Command {
+    let argv = rabbitmqctl_argv();
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+/// What the panics say when `rabbitmqctl` cannot be started.
+pub const RABBITMQCTL_RUNS: &str =
+    "rabbitmqctl runs (the broker tests need it on PATH, or ACEMQ_RABBITMQCTL set)";
+
 // ---- Helpers for the drain and process tests.
 
 /// `rabbitmqctl list_connections -q --no-table-headers COLUMNS…`: one line
 /// per connection, the columns tab-separated.
 pub async fn list_connections(columns: &[&str]) -> String {
-    let out = tokio::process::Command::new("rabbitmqctl")
+    let out = rabbitmqctl()
         .args(["list_connections", "-q", "--no-table-headers"])
         .args(columns)
         .output()
         .await
-        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
+        .expect(RABBITMQCTL_RUNS);
     assert!(
         out.status.success(),
         "rabbitmqctl list_connections failed: {}",
@@ -703,7 +747,7 @@ fn strip_ansi_codes(s: &str) -> String {
 /// `(messages_ready, messages_unacknowledged)` of `queue` as
 /// `rabbitmqctl list_queues` reports them; `None` when it is not listed.
 pub async fn queue_counts(queue: &str) -> Option<(u64, u64)> {
-    let out = tokio::process::Command::new("rabbitmqctl")
+    let out = rabbitmqctl()
         .args([
             "list_queues",
             "-q",
@@ -714,7 +758,7 @@ pub async fn queue_counts(queue: &str) -> Option<(u64, u64)> {
         ])
         .output()
         .await
-        .expect("rabbitmqctl runs (the broker tests need it on PATH)");
+        .expect(RABBITMQCTL_RUNS);
     String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
         let mut f = l.split('\t');
         if f.next()? != queue {
