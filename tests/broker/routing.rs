@@ -425,7 +425,10 @@ async fn a_wrong_password_is_recognised_by_its_reply_code_as_auth() {
 #[tokio::test]
 async fn a_missing_vhost_says_which_and_how_to_create_it() {
     let vhost = unique("vhost");
-    let url = format!("amqp://guest:guest@127.0.0.1:5672/{vhost}");
+    // The broker of AMQP_ADDR, with the missing vhost in place of its own.
+    let mut url = url::Url::parse(&addr()).expect("AMQP_ADDR is a URL");
+    url.set_path(&format!("/{vhost}"));
+    let url = url.to_string();
     let err = acemq_connect(&url, "acemq-test-vhost", Duration::from_secs(5))
         .await
         .expect_err("no such vhost");
