@@ -243,7 +243,7 @@ async fn a_wrong_password_exits_69_saying_authentication_failed_and_never_prints
         &yaml,
         &[(
             "AMQP_ADDR",
-            "amqp://guest:wrong-pass-XYZ@127.0.0.1:5672/%2f",
+            &crate::support::addr_as("guest", "wrong-pass-XYZ"),
         )],
     );
     let status = shop.exit_within(Duration::from_secs(10)).await;

@@ -574,7 +574,7 @@ async fn the_password_never_appears_in_the_shops_output_at_trace_level_whether_i
     // Right password: starts, handles an order, drains on SIGTERM.
     let q = unique("rel-secret");
     let _cleanup = QueueCleanup::new(all_queues(&q));
-    let addr = format!("amqp://{user_name}:{password}@127.0.0.1:5672/%2f");
+    let addr = crate::support::addr_as(&user_name, &password);
     let mut shop = ShopProcess::spawn(
         &q,
         &format!("shutdown_timeout: 10\nqueues:\n  - name: {q}\n"),
@@ -622,7 +622,7 @@ async fn the_password_never_appears_in_the_shops_output_at_trace_level_whether_i
     // Wrong password: exits 69, and neither password is printed.
     let q = unique("rel-secret-wrong");
     let _cleanup = QueueCleanup::new(all_queues(&q));
-    let addr = format!("amqp://{user_name}:{wrong}@127.0.0.1:5672/%2f");
+    let addr = crate::support::addr_as(&user_name, &wrong);
     let mut shop = ShopProcess::spawn(
         &q,
         &format!("connect_timeout: 5\nqueues:\n  - name: {q}\n"),

@@ -18,6 +18,16 @@ pub fn addr() -> String {
     acemq::connection::amqp_addr_from_env()
 }
 
+/// [`addr`] with `user` and `password` in place of its credentials (the same
+/// broker, host, port and vhost).
+pub fn addr_as(user: &str, password: &str) -> String {
+    let mut url = url::Url::parse(&addr()).expect("AMQP_ADDR is a URL");
+    url.set_username(user).expect("a username fits the URL");
+    url.set_password(Some(password))
+        .expect("a password fits the URL");
+    url.to_string()
+}
+
 /// Connects, or fails the test with a message saying how to start RabbitMQ.
 pub async fn connect() -> Connection {
     match tokio::time::timeout(
