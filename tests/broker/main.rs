@@ -1,6 +1,9 @@
 //! Integration tests against the real RabbitMQ at `AMQP_ADDR` (default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`). Each test declares its own
 //! uniquely named queues and deletes them; they run in parallel safely.
+//! `rabbitmqctl` is run as `ACEMQ_RABBITMQCTL` says (default `rabbitmqctl`;
+//! `scripts/rabbitmq4.sh ctl` for the RabbitMQ 4 node, see
+//! `scripts/broker-suite-rmq4.sh`), so it talks to the same broker.
 #![allow(unreachable_pub, missing_docs)]
 
 mod support;
