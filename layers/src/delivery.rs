@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::Extensions;
-use tokio_util::sync::CancellationToken;
 
 use crate::lifeline::{Cancellation, Lifeline};
+use crate::sync::CancellationToken;
 
 use crate::headers::{Headers, Value};
 

@@ -79,6 +79,7 @@ pub mod pause;
 mod publish;
 pub mod redelivery;
 pub mod retry;
+mod sync;
 pub mod verdict;
 
 pub use cancel::{Cancel, CancelLayer};

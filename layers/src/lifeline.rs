@@ -3,14 +3,14 @@
 //! [`Lifeline`] that says whether the channel the delivery came on is gone.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::future::{self, Either};
-use tokio::sync::futures::OwnedNotified;
-use tokio::sync::Notify;
-use tokio_util::sync::{
-    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{
+    shared_static, CancellationToken, Notify, OwnedNotified, WaitForCancellationFuture,
+    WaitForCancellationFutureOwned,
 };
 
 /// A read-only view of a cancellation token: a handler can wait on it and
@@ -111,8 +111,7 @@ impl Cancellation {
 
     /// The one that never fires, borrowed (no reference count touched).
     pub(crate) fn never_ref() -> &'static Cancellation {
-        static NEVER: OnceLock<Cancellation> = OnceLock::new();
-        NEVER.get_or_init(|| Cancellation::new(CancellationToken::new()))
+        shared_static!(Cancellation, Cancellation::new(CancellationToken::new()))
     }
 
     /// Whether cancellation was requested.
@@ -150,7 +149,7 @@ impl Cancellation {
     pub(crate) fn waiter(&self) -> Option<OwnedNotified> {
         let shared = &*self.shared;
         if !shared.flags.watching.load(Ordering::Acquire) {
-            let handle = tokio::runtime::Handle::try_current().ok()?;
+            let runtime = crate::sync::runtime()?;
             if shared
                 .flags
                 .watching
@@ -161,7 +160,7 @@ impl Cancellation {
                 let watching = Watching(shared.flags.clone());
                 let waiters = shared.waiters.clone();
                 let gone = shared.gone.clone();
-                handle.spawn(async move {
+                runtime.spawn(async move {
                     let cancelled = std::pin::pin!(token.cancelled());
                     let gone = std::pin::pin!(gone.notified());
                     if let Either::Left(_) = future::select(cancelled, gone).await {
@@ -265,8 +264,7 @@ impl Lifeline {
     /// One that is never lost (shared: cloning it allocates nothing); what
     /// a delivery built without a transport has.
     pub fn never() -> Self {
-        static NEVER: OnceLock<Lifeline> = OnceLock::new();
-        NEVER.get_or_init(Lifeline::new).clone()
+        shared_static!(Lifeline, Lifeline::new()).clone()
     }
 
     /// The channel is gone: every delivery of this generation is orphaned.

@@ -9,12 +9,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::sync::futures::OwnedNotified;
 use tokio::time::Sleep;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::{BoxError, Decision};
 use crate::lifeline::Cancellation;
+use crate::sync::{OwnedNotified, WaitForCancellationFutureOwned};
 use crate::{HandlerPanic, IntoVerdict};
 
 pin_project! {

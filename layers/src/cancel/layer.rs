@@ -1,10 +1,10 @@
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use tower::Layer;
 
 use super::Cancel;
 use crate::lifeline::Cancellation;
+use crate::sync::CancellationToken;
 
 /// How long a handler may run on after its token is cancelled before it is
 /// abandoned, unless [`CancelLayer::abandon_after`] says otherwise: 5 s.

@@ -3,12 +3,12 @@ use std::panic::{self, AssertUnwindSafe};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 use super::future::ResponseFuture;
 use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
 use crate::lifeline::Cancellation;
+use crate::sync::CancellationToken;
 use crate::IntoVerdict;
 
 /// Runs `S` with the root's cancellation for every request, a caught panic and abandonment;

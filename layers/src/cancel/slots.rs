@@ -4,13 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use futures::task::AtomicWaker;
 use futures::Stream;
 use pin_project_lite::pin_project;
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::AtomicWaker;
 
 const BITS: usize = u64::BITS as usize;
 

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Notify;
-
 use super::future::WaitIdle;
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::Notify;
 
 /// Counts the deliveries in flight, in total and per queue.
 ///

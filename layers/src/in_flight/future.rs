@@ -3,14 +3,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
-use tokio::sync::futures::OwnedNotified;
 
 use super::counter::{Guard, Shared};
+use crate::sync::atomic::Ordering;
+use crate::sync::OwnedNotified;
 
 pin_project! {
     /// Response future of [`InFlight`](super::InFlight): the inner future,

@@ -6,12 +6,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
-use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 use tower::Service;
 
 use super::handle::{HeldGuard, State as Gate};
 use super::{Decision, Delivery};
+use crate::sync::OwnedNotified;
 
 pin_project! {
     /// Response future of [`Pause`](super::Pause): calls the inner service

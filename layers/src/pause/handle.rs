@@ -1,11 +1,11 @@
 //! The gate's state, shared by the handle and every request.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use crate::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use crate::sync::Notify;
 
 const OPEN: u8 = 0;
 const PAUSED: u8 = 1;
