@@ -48,4 +48,75 @@ mod imp {
     pub(crate) use shared_static;
 }
 
+#[cfg(acemq_loom)]
+mod imp {
+    pub(crate) mod atomic {
+        pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+        pub(crate) use std::sync::atomic::Ordering;
+    }
+
+    pub(crate) use super::notify::{Notify, OwnedNotified};
+    pub(crate) use super::token::{
+        CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+    };
+
+    use std::future::Future;
+    use std::task::Waker;
+
+    /// `loom::future::AtomicWaker` with futures' signature (`register`
+    /// borrows the waker).
+    #[derive(Debug, Default)]
+    pub(crate) struct AtomicWaker(loom::future::AtomicWaker);
+
+    impl AtomicWaker {
+        pub(crate) fn new() -> Self {
+            AtomicWaker(loom::future::AtomicWaker::new())
+        }
+
+        pub(crate) fn register(&self, waker: &Waker) {
+            self.0.register_by_ref(waker);
+        }
+
+        pub(crate) fn wake(&self) {
+            self.0.wake();
+        }
+    }
+
+    /// The watcher's "runtime" under loom: each task is a loom thread that
+    /// blocks on it (a thread left blocked when the others end is reported
+    /// as a deadlock, so a watcher that never ends fails the model).
+    #[derive(Debug)]
+    pub(crate) struct Threads;
+
+    impl Threads {
+        pub(crate) fn spawn<F>(&self, task: F)
+        where
+            F: Future<Output = ()> + Send + 'static,
+        {
+            loom::thread::spawn(move || loom::future::block_on(task));
+        }
+    }
+
+    pub(crate) fn runtime() -> Option<Threads> {
+        Some(Threads)
+    }
+
+    /// One value per model execution (loom's `lazy_static`: a loom object
+    /// must not outlive its execution).
+    macro_rules! shared_static {
+        ($ty:ty, $init:expr) => {{
+            loom::lazy_static! {
+                static ref CELL: $ty = $init;
+            }
+            &*CELL
+        }};
+    }
+    pub(crate) use shared_static;
+}
+
+#[cfg(acemq_loom)]
+pub(crate) mod notify;
+#[cfg(acemq_loom)]
+pub(crate) mod token;
+
 pub(crate) use imp::*;
