@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::future::WaitIdle;
 use crate::sync::atomic::{AtomicUsize, Ordering};
-use crate::sync::Notify;
+use crate::sync::{self, Notify};
 
 /// Counts the deliveries in flight, in total and per queue.
 ///
@@ -161,10 +161,15 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let shared = &self.slot.shared;
         self.slot.count.fetch_sub(1, Ordering::AcqRel);
-        if shared.total.fetch_sub(1, Ordering::SeqCst) == 1
-            && shared.waiters.load(Ordering::SeqCst) > 0
-        {
-            shared.idle.notify_waiters();
+        // `total` written, then `waiters` read; `WaitIdle` does the
+        // opposite: in the single order of `SeqCst` accesses one of the
+        // two sees the other's write, so the last guard either sees the
+        // waiter or the waiter sees 0.
+        if shared.total.fetch_sub(1, Ordering::SeqCst) == 1 {
+            sync::seq_cst_order();
+            if shared.waiters.load(Ordering::SeqCst) > 0 {
+                shared.idle.notify_waiters();
+            }
         }
     }
 }

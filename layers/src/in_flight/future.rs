@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 
 use super::counter::{Guard, Shared};
 use crate::sync::atomic::Ordering;
-use crate::sync::OwnedNotified;
+use crate::sync::{self, OwnedNotified};
 
 pin_project! {
     /// Response future of [`InFlight`](super::InFlight): the inner future,
@@ -100,6 +100,8 @@ impl Future for WaitIdle {
         // Register before reading the count: a guard that brings the count
         // to 0 after the read then wakes this waiter.
         this.notified.as_mut().enable();
+        // `waiters` written (in `new`), then `total` read: see `Guard`'s drop.
+        sync::seq_cst_order();
         if this.shared.total.load(Ordering::SeqCst) == 0 {
             return Poll::Ready(());
         }

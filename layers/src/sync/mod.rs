@@ -32,6 +32,16 @@ mod imp {
         CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
     };
 
+    /// Between two `SeqCst` accesses to different atomics that must not be
+    /// reordered (a store-buffering pattern: each thread writes one and
+    /// reads the other): nothing, since the accesses' single total order
+    /// already forbids it. Under loom a `SeqCst` fence, because loom models
+    /// `SeqCst` accesses as `AcqRel` (its README, "Unsupported features")
+    /// and would report the reordering C11 forbids; with a fence it checks
+    /// the pattern exactly.
+    #[inline(always)]
+    pub(crate) fn seq_cst_order() {}
+
     /// Where the cancellation view's watcher runs: the current tokio
     /// runtime, if there is one.
     pub(crate) fn runtime() -> Option<tokio::runtime::Handle> {
@@ -62,6 +72,11 @@ mod imp {
 
     use std::future::Future;
     use std::task::Waker;
+
+    /// See the normal build's: a `SeqCst` fence, which loom models.
+    pub(crate) fn seq_cst_order() {
+        loom::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
 
     /// `loom::future::AtomicWaker` with futures' signature (`register`
     /// borrows the waker).
