@@ -80,6 +80,8 @@ mod publish;
 pub mod redelivery;
 pub mod retry;
 mod sync;
+#[cfg(all(test, acemq_loom))]
+mod tests;
 pub mod verdict;
 
 pub use cancel::{Cancel, CancelLayer};

@@ -273,7 +273,8 @@ impl<F> fmt::Debug for Slots<F> {
     }
 }
 
-#[cfg(test)]
+// Not in the model-checking build: these run on tokio and std, outside loom.
+#[cfg(all(test, not(acemq_loom)))]
 mod tests {
     use super::*;
     use futures::StreamExt;

@@ -113,5 +113,6 @@ pub enum InboxOutcome<R> {
     Duplicate,
 }
 
-#[cfg(test)]
+// Not in the model-checking build: these run on tokio and std, outside loom.
+#[cfg(all(test, not(acemq_loom)))]
 mod tests;

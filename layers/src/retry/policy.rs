@@ -120,7 +120,8 @@ pub fn delay_label(delay: Duration) -> String {
     }
 }
 
-#[cfg(test)]
+// Not in the model-checking build: these run on tokio and std, outside loom.
+#[cfg(all(test, not(acemq_loom)))]
 mod tests {
     use super::*;
 
