@@ -4,6 +4,7 @@
 //! "Verification" for what is checked and how to run it.
 
 mod loom_cancellation;
+mod loom_in_flight;
 mod loom_pause;
 mod loom_slots;
 
