@@ -134,4 +134,7 @@ pub(crate) mod notify;
 #[cfg(acemq_loom)]
 pub(crate) mod token;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use imp::*;
