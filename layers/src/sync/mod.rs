@@ -44,6 +44,7 @@ mod imp {
 
     /// Where the cancellation view's watcher runs: the current tokio
     /// runtime, if there is one.
+    #[inline]
     pub(crate) fn runtime() -> Option<tokio::runtime::Handle> {
         tokio::runtime::Handle::try_current().ok()
     }
