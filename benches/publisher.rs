@@ -424,9 +424,10 @@ fn main() {
         }
 
         for (wi, &window) in st.windows.iter().enumerate() {
+            let at_most = window.min(st.n);
             println!(
-                "\n## window {window} ({} confirms outstanding at most), N = {}, {} rounds\n",
-                window.min(st.n),
+                "\n## window {window} ({at_most} confirm{} outstanding at most), N = {}, {} rounds\n",
+                if at_most == 1 { "" } else { "s" },
                 st.n,
                 st.rounds
             );
