@@ -898,11 +898,11 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
     let tp_target = if prefetch >= 100 { "1.3" } else { "1.2" };
     if body == BODY_LEN && matches!((prefetch, concurrency), (100, 8) | (10, 1)) {
         println!(
-            "\ntargets (issue 15), coalescing on (B): msgs/s ≥ {tp_target}×{ref_letter} and ≥ 0.9×m, broker CPU ≤ 0.7×{ref_letter}, client CPU ≤ 0.8×{ref_letter}; coalescing off (B0, or B before the ledger): msgs/s ≥ 1.0×{ref_letter}"
+            "\ntargets, coalescing on (B): msgs/s ≥ {tp_target}×{ref_letter} and ≥ 0.9×m, broker CPU ≤ 0.7×{ref_letter}, client CPU ≤ 0.8×{ref_letter}; coalescing off (B0, or B before the ledger): msgs/s ≥ 1.0×{ref_letter}"
         );
     } else {
         println!(
-            "\nno target set for this scenario (issue 15's are for 100 × 8 and 10 × 1 at {BODY_LEN} B; there, coalescing on (B): msgs/s ≥ 1.3 / 1.2×{ref_letter} and ≥ 0.9×m, broker CPU ≤ 0.7×{ref_letter}, client CPU ≤ 0.8×{ref_letter})"
+            "\nno target set for this scenario (the targets are for 100 × 8 and 10 × 1 at {BODY_LEN} B; there, coalescing on (B): msgs/s ≥ 1.3 / 1.2×{ref_letter} and ≥ 0.9×m, broker CPU ≤ 0.7×{ref_letter}, client CPU ≤ 0.8×{ref_letter})"
         );
     }
     Some(Summary {
