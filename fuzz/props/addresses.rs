@@ -5,7 +5,9 @@
 //! Shared by `fuzz/fuzz_targets/addresses.rs` and the replay test
 //! (`tests/fuzz_corpus.rs`): both decode the bytes with [`decode`].
 
-use acemq::connection::{check_address, redact, resolve_addresses_with, shuffled, DEFAULT_AMQP_ADDR};
+use acemq::connection::{
+    check_address, redact, resolve_addresses_with, shuffled, DEFAULT_AMQP_ADDR,
+};
 use arbitrary::{Arbitrary, Unstructured};
 
 /// The fuzzer's input: one address, and the three sources of a list.
@@ -80,7 +82,10 @@ fn check_resolve(input: &Input) {
     let joined = got.join(",");
     let r = redact(&joined);
     if got.len() > 1 {
-        assert_eq!(r, got.iter().map(|a| redact(a)).collect::<Vec<_>>().join(","));
+        assert_eq!(
+            r,
+            got.iter().map(|a| redact(a)).collect::<Vec<_>>().join(",")
+        );
     }
 }
 
@@ -113,7 +118,9 @@ fn check_one(addr: &str) {
     let parsed = url::Url::parse(addr);
     match &checked {
         Ok(()) => {
-            let u = parsed.as_ref().expect("an accepted address parses as a URL");
+            let u = parsed
+                .as_ref()
+                .expect("an accepted address parses as a URL");
             assert!(u.scheme() == "amqp" || u.scheme() == "amqps", "{addr:?}");
             assert!(u.host_str().is_some_and(|h| !h.is_empty()), "{addr:?}");
         }

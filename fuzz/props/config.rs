@@ -57,7 +57,10 @@ pub(crate) fn check_valid(config: &Config) {
         check_address(addr).expect("every address was checked");
     }
     if let Some(h) = config.heartbeat {
-        assert!((1..=u64::from(u16::MAX)).contains(&h.as_secs()), "heartbeat {h:?}");
+        assert!(
+            (1..=u64::from(u16::MAX)).contains(&h.as_secs()),
+            "heartbeat {h:?}"
+        );
     }
     if let Some(tls) = &config.tls {
         assert_eq!(tls.cert_file.is_some(), tls.key_file.is_some());
@@ -67,13 +70,18 @@ pub(crate) fn check_valid(config: &Config) {
     for (i, q) in config.queues.iter().enumerate() {
         let name = &q.name;
         assert!(!name.is_empty());
-        assert!(!name.chars().any(|c| c.is_whitespace() || c.is_control()), "{name:?}");
+        assert!(
+            !name.chars().any(|c| c.is_whitespace() || c.is_control()),
+            "{name:?}"
+        );
         assert!(!name.starts_with("amq."), "{name:?}");
         assert!(
             config.queues[..i].iter().all(|p| p.name != *name),
             "{name:?} repeated"
         );
-        assert!(config.queue(name).is_some_and(|found| std::ptr::eq(found, q)));
+        assert!(config
+            .queue(name)
+            .is_some_and(|found| std::ptr::eq(found, q)));
         assert!(q.prefetch > 0);
         assert!(q.concurrency > 0);
         assert!(q.max_redeliveries > 0);
@@ -88,7 +96,10 @@ pub(crate) fn check_valid(config: &Config) {
                 // At most max_delay; at least initial_delay, unless that is
                 // beyond what a Duration of u64 nanoseconds holds (584 years).
                 assert!(d <= r.max_delay, "{d:?}");
-                assert!(d >= r.initial_delay || d == Duration::from_nanos(u64::MAX), "{d:?}");
+                assert!(
+                    d >= r.initial_delay || d == Duration::from_nanos(u64::MAX),
+                    "{d:?}"
+                );
             }
         }
         let rungs = q.rungs();
@@ -115,7 +126,10 @@ pub(crate) fn check_valid(config: &Config) {
         }
         let (count, delay) = q.ack_batch.bounds(q.prefetch);
         if q.ack_batch.count.is_none() {
-            assert!((1..=AckBatch::DEFAULT_MAX_COUNT).contains(&count), "{count}");
+            assert!(
+                (1..=AckBatch::DEFAULT_MAX_COUNT).contains(&count),
+                "{count}"
+            );
         }
         if q.ack_batch.delay.is_none() {
             assert_eq!(delay, AckBatch::DEFAULT_DELAY);
@@ -131,7 +145,11 @@ pub(crate) fn check_valid(config: &Config) {
         }
     }
     for (i, x) in config.exchanges.iter().enumerate() {
-        assert!(!x.name.is_empty() && !x.name.starts_with("amq."), "{:?}", x.name);
+        assert!(
+            !x.name.is_empty() && !x.name.starts_with("amq."),
+            "{:?}",
+            x.name
+        );
         assert!(config.exchanges[..i].iter().all(|e| e.name != x.name));
         assert!(!x.kind.as_str().is_empty());
     }

@@ -71,7 +71,10 @@ fn check_accepted(text: &str, d: Duration) {
         .unwrap_or_else(|| panic!("{text:?} accepted with the unit {unit:?}"))
         .1;
     let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-    assert!(!whole.is_empty() || !frac.is_empty(), "{text:?} accepted without a number");
+    assert!(
+        !whole.is_empty() || !frac.is_empty(),
+        "{text:?} accepted without a number"
+    );
     assert!(!frac.contains('.'), "{text:?} accepted with two points");
 
     // An independent reading, as an f64: within its precision (and the
@@ -80,7 +83,10 @@ fn check_accepted(text: &str, d: Duration) {
     let want = n * unit_nanos as f64 / 1e9;
     if want.is_finite() {
         let diff = (d.as_secs_f64() - want).abs();
-        assert!(diff <= 1e-9 + want * 1e-12, "{text:?} gave {d:?}, not ~{want} s");
+        assert!(
+            diff <= 1e-9 + want * 1e-12,
+            "{text:?} gave {d:?}, not ~{want} s"
+        );
     }
 
     // Printed back to the nanosecond, it parses to itself.

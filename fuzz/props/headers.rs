@@ -13,10 +13,10 @@ use std::task::{Context, Poll, Waker};
 use acemq::convert::{
     headers_from_table, properties_from_lapin, properties_to_lapin, table_from_headers,
 };
-use acemq::lapin::BasicProperties;
 use acemq::lapin::types::{
     AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable, LongString, ShortString,
 };
+use acemq::lapin::BasicProperties;
 use acemq_layers::dead_letter::{
     ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER, ERROR_HEADER, MAX_ERROR_LEN, QUEUE_HEADER,
     REASON_HEADER,
@@ -275,9 +275,9 @@ fn amqp(v: AValue) -> AMQPValue {
         AValue::Decimal(scale, value) => AMQPValue::DecimalValue(DecimalValue { scale, value }),
         AValue::ShortString(s) => AMQPValue::ShortString(short(s)),
         AValue::LongString(b) => AMQPValue::LongString(LongString::from(b)),
-        AValue::Array(a) => {
-            AMQPValue::FieldArray(FieldArray::from(a.into_iter().map(amqp).collect::<Vec<_>>()))
-        }
+        AValue::Array(a) => AMQPValue::FieldArray(FieldArray::from(
+            a.into_iter().map(amqp).collect::<Vec<_>>(),
+        )),
         AValue::Timestamp(t) => AMQPValue::Timestamp(t),
         AValue::Table(t) => AMQPValue::FieldTable(table(t)),
         AValue::ByteArray(b) => AMQPValue::ByteArray(ByteArray::from(b)),
@@ -327,7 +327,10 @@ fn broker_table(input: &mut Input) -> FieldTable {
     let known = [
         (ATTEMPT_HEADER, input.attempt.take()),
         (ORIGINAL_EXCHANGE_HEADER, input.original_exchange.take()),
-        (ORIGINAL_ROUTING_KEY_HEADER, input.original_routing_key.take()),
+        (
+            ORIGINAL_ROUTING_KEY_HEADER,
+            input.original_routing_key.take(),
+        ),
         (DELIVERY_COUNT_HEADER, input.delivery_count.take()),
         ("x-acquired-count", input.acquired_count.take()),
         ("traceparent", input.traceparent.take()),
@@ -384,9 +387,7 @@ fn names_fit(headers: &Headers) -> bool {
             _ => true,
         }
     }
-    headers
-        .iter()
-        .all(|(k, v)| k.len() <= 255 && value_fits(v))
+    headers.iter().all(|(k, v)| k.len() <= 255 && value_fits(v))
 }
 
 /// A publisher that records what it is asked to publish, and confirms it.
@@ -431,7 +432,10 @@ pub(crate) fn check_input(mut input: Input) {
     let headers = headers_from_table(&table);
     assert_eq!(headers.len(), table.inner().len());
     read_values(&headers);
-    assert!(names_fit(&headers), "a broker's header names are short strings");
+    assert!(
+        names_fit(&headers),
+        "a broker's header names are short strings"
+    );
     let back = headers_from_table(&table_from_headers(&headers));
     assert!(same(&back, &headers), "{back:?} != {headers:?}");
 
@@ -469,7 +473,11 @@ pub(crate) fn check_input(mut input: Input) {
         let mut want = properties.clone();
         want.expiration = None;
         assert_eq!(properties_from_lapin(&out), want);
-        let out_headers = out.headers().as_ref().map(headers_from_table).unwrap_or_default();
+        let out_headers = out
+            .headers()
+            .as_ref()
+            .map(headers_from_table)
+            .unwrap_or_default();
         assert!(same(&out_headers, &headers));
     }
     let delivery = Delivery::builder()
@@ -559,7 +567,11 @@ pub(crate) fn check_input(mut input: Input) {
     ready.expect("the in-memory stack is ready");
     let decision = now(stack.call(delivery.clone())).expect("the dead-letter layer settles");
     let calls = *called.lock().unwrap();
-    assert_eq!(calls, u32::from(!over), "handler called {calls} times, over = {over}");
+    assert_eq!(
+        calls,
+        u32::from(!over),
+        "handler called {calls} times, over = {over}"
+    );
     let published = publisher.0.lock().unwrap().clone();
     match &decision {
         Decision::Ack => {
@@ -592,7 +604,11 @@ pub(crate) fn check_input(mut input: Input) {
     let user = input.user_properties.to_properties();
     if names_fit(&outgoing) && properties_fit(&user) {
         let out = properties_to_lapin(&user, &outgoing);
-        let back = out.headers().as_ref().map(headers_from_table).unwrap_or_default();
+        let back = out
+            .headers()
+            .as_ref()
+            .map(headers_from_table)
+            .unwrap_or_default();
         assert!(same(&back, &outgoing), "{back:?} != {outgoing:?}");
     }
 }
@@ -603,7 +619,10 @@ fn check_copy(original: &Headers, copy: &Headers, delivery: &Delivery, reason: R
     assert!(copy.get(DELIVERY_COUNT_HEADER).is_none());
     let text = |name: &str| copy.get(name).and_then(Value::as_str);
     assert_eq!(text(REASON_HEADER), Some(reason.as_str()));
-    assert_eq!(text(REASON_HEADER).and_then(Reason::from_header), Some(reason));
+    assert_eq!(
+        text(REASON_HEADER).and_then(Reason::from_header),
+        Some(reason)
+    );
     let error = text(ERROR_HEADER).expect("the error header is UTF-8 text");
     assert!(error.len() <= MAX_ERROR_LEN, "{} bytes", error.len());
     assert_eq!(text(QUEUE_HEADER), Some(delivery.queue()));
@@ -611,7 +630,10 @@ fn check_copy(original: &Headers, copy: &Headers, delivery: &Delivery, reason: R
         copy.get(ATTEMPTS_HEADER).and_then(Value::as_i64),
         Some(i64::from(delivery.attempt()))
     );
-    assert!(copy.get(DEAD_LETTERED_AT_HEADER).and_then(Value::as_i64).is_some());
+    assert!(copy
+        .get(DEAD_LETTERED_AT_HEADER)
+        .and_then(Value::as_i64)
+        .is_some());
     // Where the message came from: kept if the original says, else set.
     for (name, fallback) in [
         (ORIGINAL_EXCHANGE_HEADER, delivery.exchange()),
@@ -625,12 +647,22 @@ fn check_copy(original: &Headers, copy: &Headers, delivery: &Delivery, reason: R
     // Every other header of the original is carried unchanged.
     for (name, value) in original.iter() {
         if name == DELIVERY_COUNT_HEADER
-            || [REASON_HEADER, ERROR_HEADER, QUEUE_HEADER, ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER]
-                .contains(&name)
+            || [
+                REASON_HEADER,
+                ERROR_HEADER,
+                QUEUE_HEADER,
+                ATTEMPTS_HEADER,
+                DEAD_LETTERED_AT_HEADER,
+            ]
+            .contains(&name)
         {
             continue;
         }
-        assert_eq!(format!("{:?}", copy.get(name)), format!("{:?}", Some(value)), "{name}");
+        assert_eq!(
+            format!("{:?}", copy.get(name)),
+            format!("{:?}", Some(value)),
+            "{name}"
+        );
     }
     // What the publisher would hand to lapin.
     if names_fit(copy) {
