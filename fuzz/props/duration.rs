@@ -93,7 +93,7 @@ fn check_accepted(text: &str, d: Duration) {
     let exact = format!("{}.{:09}s", d.as_secs(), d.subsec_nanos());
     assert_eq!(duration::parse(&exact), Ok(d), "{exact}");
     // And as a rung's label, when that is exact (whole seconds or ms).
-    if d.subsec_nanos() % 1_000_000 == 0 {
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
         let label = delay_label(d);
         assert_eq!(duration::parse(&label), Ok(d), "{label}");
     }
