@@ -103,11 +103,23 @@ fn leaks(text: &str, addr: &str, secret: &str) -> Option<String> {
     if secret == "***" {
         return None;
     }
-    // The address with the password taken out once: what is public.
+    // What is public: the address with the password taken out once, as
+    // written and as the URL serialises it (which percent-encodes the rest
+    // the way it encodes the password). A URL whose password cannot be
+    // removed has nothing public in that second form.
     let public = addr.replacen(secret, "", 1);
+    let serialised = url::Url::parse(addr)
+        .ok()
+        .and_then(|mut u| u.set_password(None).ok().map(|()| u.to_string()))
+        .unwrap_or_default();
     std::iter::once(secret)
         .chain(secret.split(','))
-        .filter(|part| part.len() >= 4 && !public.contains(part) && part != &"***")
+        .filter(|part| {
+            part.len() >= 4
+                && !public.contains(part)
+                && !serialised.contains(part)
+                && part != &"***"
+        })
         .find(|part| text.contains(part))
         .map(str::to_owned)
 }
