@@ -173,8 +173,9 @@ fn check_one(addr: &str) {
             }
         }
     }
-    // Redacting is idempotent on one address.
-    if !addr.contains(',') && !r.contains(',') {
+    // Redacting is idempotent on one AMQP address. (Not on any URL: the
+    // url crate reads `file://e/a:` back as `file:///a:`, a drive letter.)
+    if checked.is_ok() && !addr.contains(',') && !r.contains(',') {
         assert_eq!(redact(&r), r, "redact(redact({addr:?}))");
     }
 }
