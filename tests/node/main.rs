@@ -1,5 +1,5 @@
 //! Faults that touch a whole broker — a short `consumer_timeout`, a memory
-//! alarm, a broker restart — on a throwaway RabbitMQ node of these tests' own
+//! alarm, a broker restart, the node frozen (SIGSTOP) — on a throwaway RabbitMQ node of these tests' own
 //! (`scripts/broker-node.sh`, node `acemq-fault@localhost` on port 5690),
 //! never on the default broker that the other suites share.
 //!
@@ -14,8 +14,10 @@
 //! `cargo test -p acemq --test node -- --ignored --test-threads=1`
 #![allow(unreachable_pub, missing_docs)]
 
+mod freeze;
 mod support;
 
 mod broker_restart;
 mod consumer_timeout;
+mod frozen_node;
 mod memory_alarm;

@@ -117,8 +117,12 @@ impl Node {
         node
     }
 
-    /// Undoes what a test may have changed on the node.
+    /// Undoes what a test may have changed on the node: first of all a
+    /// frozen `beam.smp` (SIGSTOP) runs again, or nothing below answers.
     fn restore(&self) {
+        if let Some(pid) = beam_pid() {
+            crate::freeze::ensure_running(pid, NODE);
+        }
         if let Err(e) = ctl(&["start_app"]) {
             eprintln!("restoring the node: {e}");
         }
@@ -148,6 +152,38 @@ impl Drop for Node {
             Err(e) => eprintln!("scripts/broker-node.sh down failed: {e}"),
         }
     }
+}
+
+/// The pid of the node's `beam.smp` (found by `RABBITMQ_NODENAME`).
+pub fn beam_pid() -> Option<u32> {
+    crate::freeze::beam_pid_of(NODE)
+}
+
+/// The heartbeat (`timeout`, seconds) the node has negotiated with each
+/// connection whose client-provided name starts with `prefix`: (name,
+/// seconds), from `rabbitmqctl list_connections client_properties timeout`.
+pub async fn heartbeats(prefix: &str) -> Vec<(String, u64)> {
+    let Ok(out) = ctl_async(&[
+        "list_connections",
+        "--no-table-headers",
+        "client_properties",
+        "timeout",
+    ])
+    .await
+    else {
+        return Vec::new();
+    };
+    out.lines()
+        .filter_map(|l| {
+            let (props, timeout) = l.rsplit_once('\t')?;
+            // `{"connection_name",longstr,"NAME"}`: the next quoted string.
+            let rest = props.split_once("connection_name\"")?.1;
+            let name = rest.split('"').nth(1)?;
+            name.starts_with(prefix)
+                .then(|| (name.to_owned(), timeout.trim().parse().ok()))
+                .and_then(|(n, t)| Some((n, t?)))
+        })
+        .collect()
 }
 
 /// A queue name unique to this run and call.
@@ -180,10 +216,16 @@ where
 
 /// Connects to the node as `name`.
 pub async fn connect(name: &str) -> Result<Connection, String> {
+    connect_to(&addr(), name).await
+}
+
+/// Connects to `uri` (the node's address, e.g. with a `?heartbeat=`) as
+/// `name`, within 10 s.
+pub async fn connect_to(uri: &str, name: &str) -> Result<Connection, String> {
     match tokio::time::timeout(
         Duration::from_secs(10),
         Connection::connect(
-            &addr(),
+            uri,
             ConnectionProperties::default().with_connection_name(name.to_owned().into()),
         ),
     )
