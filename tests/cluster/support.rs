@@ -82,6 +82,13 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A node left frozen (SIGSTOP) answers nothing: it runs again first,
+        // also when the cluster is kept.
+        for i in 0..NODES.len() {
+            if let Some(pid) = beam_pid(i) {
+                crate::freeze::ensure_running(pid, &node_name(i));
+            }
+        }
         if std::env::var_os("ACEMQ_KEEP_CLUSTER").is_some() {
             return;
         }
@@ -153,6 +160,45 @@ pub fn beam_pid(i: usize) -> Option<u32> {
         }
     }
     None
+}
+
+/// The leader of quorum queue `queue` as node `i` knows it
+/// (`ra_leaderboard:lookup_leader/1`: a local table, so it answers while
+/// another node is frozen, where `list_queues` and `ra:members` wait on
+/// the frozen one).
+pub async fn leader_seen_by(i: usize, queue: &str) -> Option<usize> {
+    let expr = format!(
+        "ra_leaderboard:lookup_leader('%2F_{}').",
+        queue.replace('\'', "")
+    );
+    let out = ctl(i, &["eval", &expr]).await.ok()?;
+    // {'%2F_q','acemq-2@localhost'}, or undefined
+    let node = out.trim().trim_end_matches('}').rsplit_once(',')?.1;
+    node_index(node.trim_matches('\''))
+}
+
+/// Quorum queue `queue` as node `i`'s own member sees it, raw: (messages
+/// ready, checked out to consumers), each `{ok,{{Index,Term},N},Leader}`
+/// (`ra:local_query`: answered by the local member alone).
+pub async fn local_counts(i: usize, queue: &str) -> String {
+    let server = format!("{{'%2F_{}', node()}}", queue.replace('\'', ""));
+    let expr = format!(
+        "{{ra:local_query({server}, fun rabbit_fifo:query_messages_ready/1, 2000), \
+         ra:local_query({server}, fun rabbit_fifo:query_messages_checked_out/1, 2000)}}."
+    );
+    ctl(i, &["eval", &expr])
+        .await
+        .unwrap_or_else(|e| e)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The index of the node an address (redacted or not) points at, by port.
+pub fn node_of_address(address: &str) -> Option<usize> {
+    NODES
+        .iter()
+        .position(|(_, port)| address.contains(&format!(":{port}/")))
 }
 
 /// `kill -9` node `i`'s `beam.smp`, and waits until it is gone.

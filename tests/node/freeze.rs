@@ -144,8 +144,9 @@ pub fn ensure_running(pid: u32, what: &str) {
 /// target, text with its fields.
 pub type Line = (Duration, tracing::Level, String, String);
 
-/// The test process's log lines from acemq and lapin, at INFO or more
-/// severe (a global subscriber, installed once per test binary).
+/// The test process's log lines from acemq (INFO, and its connect attempts
+/// at DEBUG) and lapin (WARN) (a global subscriber, installed once per
+/// test binary).
 #[derive(Clone)]
 pub struct Logs {
     t0: Instant,
@@ -163,6 +164,8 @@ impl Logs {
                 lines: Arc::default(),
             };
             let filter = tracing_subscriber::filter::Targets::new()
+                // Which address each connect attempt tried, and why it failed.
+                .with_target("acemq::amqp::connection", tracing::Level::DEBUG)
                 .with_target("acemq", tracing::Level::INFO)
                 .with_target("acemq_layers", tracing::Level::INFO)
                 .with_target("lapin", tracing::Level::WARN);

@@ -291,8 +291,10 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
         .copied()
         .collect();
     let duplicates: u32 = h.values().map(|c| c - 1).sum();
+    let mut twice: Vec<u64> = h.iter().filter(|(_, c)| **c > 1).map(|(n, _)| *n).collect();
+    twice.sort_unstable();
     eprintln!(
-        "frozen node: sent {}, confirmed {}, handled {} distinct, missing {}, duplicates {duplicates}; \
+        "frozen node: sent {}, confirmed {}, handled {} distinct, missing {}, duplicates {duplicates} {twice:?}; \
          ready again {ready_after:?} after SIGCONT; publisher: {:?}; drain: {report:?}; queue at the end {:?}",
         published.sent.load(Ordering::Relaxed),
         confirmed.len(),

@@ -20,4 +20,5 @@ mod support;
 mod broker_restart;
 mod consumer_timeout;
 mod frozen_node;
+mod frozen_shop;
 mod memory_alarm;
