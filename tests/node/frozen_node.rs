@@ -316,3 +316,34 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
     assert!(emptied, "nothing left in {q}: {:?}", counts(&q).await);
     drop(node);
 }
+
+/// The guard's promise, checked on a process of the test's own (no node
+/// needed, so it runs in the main suite): a test that fails while it has
+/// a process frozen leaves it running.
+#[test]
+fn a_frozen_process_runs_again_when_the_test_that_froze_it_panics() {
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep starts");
+    let pid = child.id();
+    let failed = std::panic::catch_unwind(|| {
+        let _frozen = Frozen::stop(pid, "sleep 60");
+        assert_eq!(crate::freeze::state(pid), Some('T'), "stopped");
+        panic!("the test fails while the process is frozen");
+    });
+    assert!(failed.is_err());
+    // SIGCONT was sent when the guard dropped; the kernel shows it soon.
+    let end = Instant::now() + SECS(5);
+    let mut running = crate::freeze::state(pid);
+    while running == Some('T') && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+        running = crate::freeze::state(pid);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        matches!(running, Some(s) if s != 'T'),
+        "running again after the panic: state {running:?}"
+    );
+}

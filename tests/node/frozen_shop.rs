@@ -171,6 +171,22 @@ impl Shop {
         out
     }
 
+    /// Every line about order `o-<n>`, with the time it was read relative
+    /// to `from` (the shop's clock).
+    fn about(&self, n: u64, from: Duration) -> Vec<String> {
+        let needle = format!("order=o-{n} ");
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| l.contains(&needle))
+            .map(|(t, l)| {
+                let d = t.as_secs_f64() - from.as_secs_f64();
+                format!("read at {d:+.3}s: {l}")
+            })
+            .collect()
+    }
+
     /// Lines that tell of a settle the broker refused.
     fn refused_settles(&self) -> Vec<String> {
         self.lines
@@ -227,6 +243,19 @@ fn settle_refused(line: &str) -> bool {
         || l.contains("unknown delivery tag")
         || l.contains("reply_code=406")
         || l.contains("channel (406")
+}
+
+/// `t` as the shop's log shows it: UTC, `HH:MM:SS.micros`.
+fn utc(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        d.subsec_micros()
+    )
 }
 
 /// The node's own log files, as text.
@@ -298,6 +327,7 @@ async fn the_shop_frozen_past_its_heartbeat_finds_its_connections_closed_recover
     // The freeze.
     let queue_before = counts(&q).await;
     let handled_before = shop.handled().len();
+    let stopped_at = (shop.elapsed(), std::time::SystemTime::now());
     let mut frozen = Frozen::stop(shop.pid, "the shop");
     let closed = eventually(SECS(30), || async {
         shop_connections(shop.pid).await.is_empty()
@@ -309,10 +339,16 @@ async fn the_shop_frozen_past_its_heartbeat_finds_its_connections_closed_recover
     let hold = SECS(3 * HEARTBEAT).max(closed.unwrap_or_default() + SECS(1));
     tokio::time::sleep(hold.saturating_sub(frozen.at.elapsed())).await;
     let queue_frozen = counts(&q).await;
+    // Taken before SIGCONT: a frozen shop writes nothing, so every line
+    // read after this is from after SIGCONT.
+    let from = shop.elapsed();
+    let continued_at = std::time::SystemTime::now();
     let frozen_for = frozen.thaw();
     let thawed = Instant::now();
-    let from = shop.elapsed();
 
+    let ready_after = eventually(SECS(60), || async { shop.readyz().await == Some(200) })
+        .await
+        .then(|| thawed.elapsed());
     let lost = eventually(SECS(30), || async {
         shop.first(from, "connection to the broker was lost")
             .is_some()
@@ -329,9 +365,6 @@ async fn the_shop_frozen_past_its_heartbeat_finds_its_connections_closed_recover
     .then(|| shop.first(from, "reconnected to the broker; topology declared again"))
     .flatten()
     .map(|t| t - from);
-    let ready_after = eventually(SECS(60), || async { shop.readyz().await == Some(200) })
-        .await
-        .then(|| thawed.elapsed());
     let published = tokio::time::timeout(SECS(120), publishing).await;
     let all_handled = eventually(SECS(120), || async { shop.handled().len() as u64 >= N }).await;
     let emptied = eventually(SECS(30), || async {
@@ -356,6 +389,18 @@ async fn the_shop_frozen_past_its_heartbeat_finds_its_connections_closed_recover
         .lines()
         .filter(|l| l.contains("missed heartbeats"))
         .collect();
+    eprintln!(
+        "frozen shop: SIGSTOP at {}, SIGCONT at {}; the lines about each order handled twice (read at: \
+         relative to SIGSTOP):\n{}",
+        utc(stopped_at.1),
+        utc(continued_at),
+        twice
+            .iter()
+            .flat_map(|&n| shop.about(n, stopped_at.0))
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     eprintln!(
         "frozen shop: heartbeat {HEARTBEAT} s granted ({granted:?}); the queue before {queue_before:?}, \
          {handled_before} handled; frozen {frozen_for:?}; the broker closed its connections {closed:?} after \
