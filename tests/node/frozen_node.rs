@@ -37,8 +37,9 @@ const PREFETCH: u16 = 20;
 const CONCURRENCY: usize = 4;
 /// The heartbeat the App (and the test's publisher) ask for, in seconds.
 const HEARTBEAT: u64 = 2;
-/// Messages published in all.
-const N: u64 = 2000;
+/// Messages published in all: the publisher, about 5 ms apart, is still
+/// at it when the node stops, and goes on after.
+const N: u64 = 2500;
 /// A handler's work: slower in all (4 × 25 a second) than the publisher,
 /// so the queue backs up and the prefetch window is full at the freeze.
 const WORK: Duration = Duration::from_millis(40);
@@ -75,7 +76,7 @@ struct Published {
     events: Mutex<Vec<String>>,
 }
 
-/// Publishes `m-0` … `m-<n-1>` to `queue`, one after the other, each awaited
+/// Publishes `m-0` … `m-<n-1>` to `queue`, about every 5 ms, each awaited
 /// for its confirm (15 s at most; an unconfirmed message is not counted),
 /// on a connection of its own with the same short heartbeat, so that a
 /// frozen node is noticed here too; reconnects when its connection dies.
@@ -127,6 +128,7 @@ async fn publisher(queue: String, n_total: u64, out: Arc<Published>) {
                     break;
                 }
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let _ = tokio::time::timeout(SECS(2), conn.close(200, "OK".into())).await;
     }
@@ -192,6 +194,7 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
     // The freeze.
     let beam = beam_pid().expect("the node's beam.smp");
     let queue_before = counts(&q).await;
+    let sent_before = published.sent.load(Ordering::Relaxed);
     let calls_before = handled.calls();
     let log_from = logs.now();
     let t_freeze = readiness.elapsed();
@@ -233,7 +236,7 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
     let (consumer_lost, publisher_lost) = (lost_line("consumer"), lost_line("publisher"));
     eprintln!(
         "frozen node: heartbeat {HEARTBEAT} s granted ({granted:?}); frozen {frozen_for:?}; readiness off \
-         {noticed:?} after SIGSTOP (bound {:?}); the queue before {queue_before:?}; loss logged {consumer_lost:?} (consumer), {publisher_lost:?} \
+         {noticed:?} after SIGSTOP (bound {:?}); the queue before {queue_before:?}, the publisher at {sent_before} of {N}; loss logged {consumer_lost:?} (consumer), {publisher_lost:?} \
          (publisher) after SIGSTOP; {handled_while_frozen} handled while frozen; after SIGCONT: ready again \
          {ready_after:?}, first handled {first_after:?}, 100 more {resumed_after:?}; readiness {:?}; while frozen \
          {snapshot_frozen:?}\n  log from the freeze on:\n{}",
