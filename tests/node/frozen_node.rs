@@ -296,15 +296,15 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
     let duplicates: u32 = h.values().map(|c| c - 1).sum();
     let mut twice: Vec<u64> = h.iter().filter(|(_, c)| **c > 1).map(|(n, _)| *n).collect();
     twice.sort_unstable();
+    let queue_end = counts(&q).await;
     eprintln!(
         "frozen node: sent {}, confirmed {}, handled {} distinct, missing {}, duplicates {duplicates} {twice:?}; \
-         ready again {ready_after:?} after SIGCONT; publisher: {:?}; drain: {report:?}; queue at the end {:?}",
+         ready again {ready_after:?} after SIGCONT; publisher: {:?}; drain: {report:?}; queue at the end {queue_end:?}",
         published.sent.load(Ordering::Relaxed),
         confirmed.len(),
         h.len(),
         missing.len(),
         published.events.lock().unwrap(),
-        counts(&q).await
     );
     assert!(
         all_handled && missing.is_empty(),
