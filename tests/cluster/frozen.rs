@@ -31,7 +31,7 @@ use tower::service_fn;
 use crate::freeze::{Frozen, Logs};
 use crate::support::{
     addr, all_running, beam_pid, connection_node, eventually, leader, leader_seen_by, local_counts,
-    members_in_sync, messages, node_name, node_of_address, Cluster, ReadinessLog,
+    members_in_sync, message_number, messages, node_name, node_of_address, Cluster, ReadinessLog,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -76,11 +76,7 @@ fn handler(
     service_fn(move |d: Delivery| {
         let handled = handled.clone();
         async move {
-            let n: u64 = std::str::from_utf8(d.body())
-                .ok()
-                .and_then(|s| s.strip_prefix("m-"))
-                .and_then(|s| s.parse().ok())
-                .ok_or("not a test message")?;
+            let n = message_number(&d)?;
             tokio::time::sleep(WORK).await;
             *handled.counts.lock().unwrap().entry(n).or_default() += 1;
             handled.calls.fetch_add(1, Ordering::Relaxed);

@@ -21,8 +21,8 @@ use tower::service_fn;
 
 use crate::support::{
     addr, all_running, connection_node, dlx_backlog, dlx_backlog_count, eventually, kill9, leader,
-    members_in_sync, messages, node_name, restart_queue_leader_process, Cluster, ReadinessLog,
-    NODES,
+    members_in_sync, message_number, messages, node_name, restart_queue_leader_process, Cluster,
+    ReadinessLog, NODES,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -53,11 +53,7 @@ fn handler(
     service_fn(move |d: Delivery| {
         let handled = handled.clone();
         async move {
-            let n: u64 = std::str::from_utf8(d.body())
-                .ok()
-                .and_then(|s| s.strip_prefix("m-"))
-                .and_then(|s| s.parse().ok())
-                .ok_or("not a test message")?;
+            let n = message_number(&d)?;
             tokio::time::sleep(Duration::from_millis(2)).await;
             if n.is_multiple_of(RETRY_EVERY) && handled.failed_once.lock().unwrap().insert(n) {
                 return Err::<(), BoxError>("transient: wait on the rung".into());

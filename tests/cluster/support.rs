@@ -415,3 +415,13 @@ pub async fn restart_queue_leader_process(alive: &[usize], queue: &str) -> Resul
     let expr = format!("exit(whereis('%2F_{}'), kill).", queue.replace('\'', ""));
     ctl(lead, &["eval", &expr]).await.map(|_| node_name(lead))
 }
+
+/// The number `n` of a test message whose body is `m-<n>`, as the tests'
+/// publishers write them; anything else is an error the handler returns.
+pub fn message_number(d: &acemq::Delivery) -> Result<u64, acemq::BoxError> {
+    Ok(std::str::from_utf8(d.body())
+        .ok()
+        .and_then(|s| s.strip_prefix("m-"))
+        .and_then(|s| s.parse().ok())
+        .ok_or("not a test message")?)
+}

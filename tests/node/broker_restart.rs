@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tower::service_fn;
 
 use crate::support::{
-    addr, connect, counts, ctl_async, eventually, publish_on, unique, Node, ReadinessLog,
+    addr, connect, counts, ctl_async, eventually, message_number, publish_on, unique, Node,
+    ReadinessLog,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -85,11 +86,7 @@ async fn a_broker_restart_under_load_turns_readiness_off_then_on_and_every_confi
         service_fn(move |d: Delivery| {
             let handled = handled.clone();
             async move {
-                let n: u64 = std::str::from_utf8(d.body())
-                    .ok()
-                    .and_then(|s| s.strip_prefix("m-"))
-                    .and_then(|s| s.parse().ok())
-                    .ok_or("not a test message")?;
+                let n = message_number(&d)?;
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 *handled.lock().unwrap().entry(n).or_default() += 1;
                 Ok::<(), BoxError>(())

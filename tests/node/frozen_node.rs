@@ -28,8 +28,8 @@ use tower::service_fn;
 
 use crate::freeze::{Frozen, Logs};
 use crate::support::{
-    addr, beam_pid, connect_to, counts, eventually, heartbeats, publish_on, unique, Node,
-    ReadinessLog, NODE,
+    addr, beam_pid, connect_to, counts, eventually, heartbeats, message_number, publish_on, unique,
+    Node, ReadinessLog, NODE,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -148,11 +148,7 @@ async fn a_frozen_node_is_noticed_by_the_heartbeat_readiness_goes_off_then_on_an
         service_fn(move |d: Delivery| {
             let handled = handled.clone();
             async move {
-                let n: u64 = std::str::from_utf8(d.body())
-                    .ok()
-                    .and_then(|s| s.strip_prefix("m-"))
-                    .and_then(|s| s.parse().ok())
-                    .ok_or("not a test message")?;
+                let n = message_number(&d)?;
                 tokio::time::sleep(WORK).await;
                 *handled.counts.lock().unwrap().entry(n).or_default() += 1;
                 handled.calls.fetch_add(1, Ordering::Relaxed);

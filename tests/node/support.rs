@@ -392,3 +392,13 @@ impl Drop for ReadinessLog {
         }
     }
 }
+
+/// The number `n` of a test message whose body is `m-<n>`, as the tests'
+/// publishers write them; anything else is an error the handler returns.
+pub fn message_number(d: &acemq::Delivery) -> Result<u64, acemq::BoxError> {
+    Ok(std::str::from_utf8(d.body())
+        .ok()
+        .and_then(|s| s.strip_prefix("m-"))
+        .and_then(|s| s.parse().ok())
+        .ok_or("not a test message")?)
+}
