@@ -63,7 +63,7 @@ pub use health::{Health, HealthSnapshot, UnknownQueue};
 /// [connection factory](App::connection_factory) or
 /// [`Publisher::publish_lapin`] without a lapin dependency of your own.
 pub use lapin;
-pub use publisher::Publisher;
+pub use publisher::{PublishOptions, Publisher};
 pub use settle::Settler;
 pub use stack::{Outcome, QueueStack};
 

@@ -2,7 +2,10 @@
 //!
 //! The retry and dead-letter layers publish copies through it; your code
 //! publishes its own messages with [`Publisher::publish`] (or
-//! [`publish_json`](Publisher::publish_json)). Every publish is `mandatory`
+//! [`publish_json`](Publisher::publish_json)), and with a message id,
+//! headers and other properties through [`PublishOptions`]
+//! ([`publish_json_with`](Publisher::publish_json_with),
+//! [`publish_with`](Publisher::publish_with)). Every publish is `mandatory`
 //! and waits for the broker's confirm: an unroutable message comes back as
 //! [`PublishError::Unroutable`], never as success.
 //!
@@ -46,6 +49,9 @@ use tracing::warn;
 
 use crate::amqp::convert::properties_to_lapin;
 use crate::amqp::topology::{declare_one, Topology};
+
+mod options;
+pub use options::PublishOptions;
 
 /// A confirm-mode publisher on the publishing connection (an example is in
 /// the [module docs](crate::publisher)). Cheap to clone;
@@ -226,23 +232,16 @@ impl Publisher {
     }
 
     /// Publishes `value` as JSON (`content_type: application/json`,
-    /// persistent).
+    /// persistent). For a message id, headers or other properties,
+    /// [`publish_json_with`](Self::publish_json_with).
     pub async fn publish_json<T: serde::Serialize + ?Sized>(
         &self,
         exchange: &str,
         routing_key: &str,
         value: &T,
     ) -> Result<(), PublishError> {
-        let body = serde_json::to_vec(value).map_err(|e| {
-            PublishError::transport_with_source(
-                routing_key,
-                format!("the value could not be serialised as JSON: {e}"),
-                e,
-            )
-        })?;
-        let mut properties = Properties::default();
-        properties.content_type = Some("application/json".to_owned());
-        self.publish(exchange, routing_key, &body, properties).await
+        self.publish_json_with(exchange, routing_key, value, PublishOptions::new())
+            .await
     }
 
     /// Publishes with lapin's own properties, as given (no persistent

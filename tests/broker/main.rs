@@ -20,6 +20,7 @@ mod metrics_names;
 mod pause;
 mod process;
 mod proxy;
+mod publish_options;
 mod recovery;
 mod reliability;
 mod replay;
