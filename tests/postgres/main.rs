@@ -12,5 +12,6 @@ mod support;
 mod proxy;
 
 mod inbox;
+mod migrate;
 mod process;
 mod relay;
