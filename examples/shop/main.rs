@@ -16,6 +16,12 @@
 //! consumed). The demo batch is seeded into the first
 //! queue consumed.
 //!
+//! `--http ADDR` serves acemq's admin router there (`/healthz`, `/readyz`,
+//! `/queues`, pause and resume, `/metrics`). It answers through the drain —
+//! `/readyz` is 503 from the drain's first step — and stops once the drain
+//! has ended (`Health::drained`), so a probe never finds the port closed
+//! while handlers are still finishing.
+//!
 //! `--log-format json` writes the log lines as one JSON object per line (for
 //! a log collector); `text`, the default, as people read them. Both go to
 //! stderr, filtered by `RUST_LOG` (default
@@ -51,6 +57,10 @@ use tracing::{info, warn};
 /// How often the Prometheus recorder's upkeep runs (histograms drained, so
 /// memory stays flat when `/metrics` is never scraped).
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// How long the admin server may take to finish its requests once the
+/// drain has ended.
+const ADMIN_GRACE: Duration = Duration::from_secs(2);
 
 const USAGE: &str =
     "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]... [--log-format text|json]";
@@ -228,16 +238,23 @@ async fn main() -> ExitCode {
         Err(e) => return acemq::app::start_failed(&e),
     };
 
+    // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
+    // and /metrics rendered by the Prometheus recorder. It answers through
+    // the drain (`/readyz` 503) and stops when the drain has ended.
+    let mut admin = None;
     if let Some(addr) = args.http {
-        // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
-        // and /metrics rendered by the Prometheus recorder.
         let router = acemq::admin::router_with_metrics(health.clone(), move || {
             prometheus.as_ref().map(|p| p.render()).unwrap_or_default()
         });
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
-                tokio::spawn(async move { axum::serve(listener, router).await });
+                let drained = health.drained();
+                admin = Some(tokio::spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(drained)
+                        .await
+                }));
             }
             Err(e) => {
                 warn!(%addr, error = %e, "could not bind the HTTP address; continuing without it")
@@ -285,5 +302,12 @@ async fn main() -> ExitCode {
         }
     });
 
-    running.run_with(signals).await
+    let code = running.run_with(signals).await;
+    if let Some(admin) = admin {
+        // Its requests in progress end first (a scrape, a probe).
+        if tokio::time::timeout(ADMIN_GRACE, admin).await.is_err() {
+            warn!("the admin server did not stop within {ADMIN_GRACE:?} after the drain");
+        }
+    }
+    code
 }

@@ -10,6 +10,8 @@ mod support;
 
 #[cfg(feature = "axum")]
 mod admin;
+#[cfg(feature = "axum")]
+mod admin_drain;
 mod bad_input;
 mod config_load;
 mod dead_letter;

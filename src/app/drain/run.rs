@@ -145,6 +145,7 @@ impl Drain {
         let unfinished = with_unanswered_close(unfinished, unanswered_close);
         // 6. Report.
         let report = self.report(start, &queues);
+        self.health.set_drained();
         match unfinished {
             None => Ok(report),
             Some(unfinished) => Err(self.timed_out(unfinished, abandoned, report)),
