@@ -305,8 +305,11 @@ async fn main() -> ExitCode {
     let code = running.run_with(signals).await;
     if let Some(admin) = admin {
         // Its requests in progress end first (a scrape, a probe).
-        if tokio::time::timeout(ADMIN_GRACE, admin).await.is_err() {
-            warn!("the admin server did not stop within {ADMIN_GRACE:?} after the drain");
+        match tokio::time::timeout(ADMIN_GRACE, admin).await {
+            Ok(_) => info!("the admin routes stopped"),
+            Err(_) => {
+                warn!("the admin routes did not stop within {ADMIN_GRACE:?} after the drain")
+            }
         }
     }
     code

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 
 use crate::support::{
     all_queues, eventually, plain_config, start_consuming, unique, Broker, QueueCleanup,
+    ShopProcess,
 };
 
 /// One HTTP/1.0 request: `Some((status, body))`, or `None` when nothing
@@ -162,4 +163,63 @@ async fn the_admin_routes_answer_503_through_the_drain_after_the_own_routes_stop
     tokio::time::timeout(Duration::from_secs(1), health.drained())
         .await
         .expect("already drained");
+}
+
+/// The shop (`--http`): SIGTERM with an order in flight; `/readyz` answers
+/// 503 while the drain waits for it, and the admin routes stop after the
+/// drain, before the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_answers_503_through_its_drain_and_stops_its_admin_routes_after_it() {
+    let q = unique("shop-admin-drain");
+    let _cleanup = QueueCleanup::new(all_queues(&q));
+    let mut broker = Broker::new().await;
+    let yaml = format!("shutdown_timeout: 15\nqueues:\n  - name: {q}\n");
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
+    shop.wait_ready().await;
+    broker
+        .publish(
+            &q,
+            br#"{"id":"o-slow","work_ms":4000}"#,
+            FieldTable::default(),
+        )
+        .await;
+    shop.wait_in_flight(1).await;
+
+    shop.signal("-TERM");
+    let during = std::sync::Mutex::new(None);
+    let seen = eventually(Duration::from_secs(5), || async {
+        match shop.readyz().await {
+            Some((503, snap)) if snap["draining"] == json!(true) => {
+                *during.lock().unwrap() = Some(snap);
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    assert!(
+        seen,
+        "/readyz never answered 503 draining; stderr:\n{}",
+        shop.stderr()
+    );
+    let snap = during.into_inner().unwrap().expect("a snapshot");
+    assert_eq!(
+        snap["queues"][0]["in_flight"],
+        json!(1),
+        "answered while the drain waits for the order: {snap}"
+    );
+
+    let status = shop.exit_within(Duration::from_secs(25)).await;
+    let stderr = shop.stderr();
+    assert_eq!(status.code(), Some(0), "stderr:\n{stderr}");
+    let drained = stderr
+        .find("every handler finished")
+        .unwrap_or_else(|| panic!("no drain report; stderr:\n{stderr}"));
+    let stopped = stderr
+        .find("the admin routes stopped")
+        .unwrap_or_else(|| panic!("the admin routes never stopped; stderr:\n{stderr}"));
+    assert!(
+        drained < stopped,
+        "the admin routes stop after the drain; stderr:\n{stderr}"
+    );
 }
