@@ -151,11 +151,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    logging::init(
-        log_format,
-        "info,acemq::consumer=warn,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let config = match Config::from_path(&config_path) {
         Ok(c) => c,
         Err(e) => {

@@ -223,7 +223,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    logging::init(args.log_format, "info,lapin=warn", std::io::stderr);
+    logging::init(args.log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let settings = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DB.to_owned());
     let pool = match prepare_database(&settings).await {
         Ok(p) => p,

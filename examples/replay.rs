@@ -74,7 +74,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    logging::init(log_format, "info", std::io::stderr);
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     match replay_dead_letters(&amqp_addr_from_env(), &queue, options).await {
         Ok(report) => {
             println!("{report}");

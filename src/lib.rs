@@ -34,6 +34,7 @@ pub mod config;
 mod consumer;
 #[cfg(feature = "postgres")]
 pub mod inbox;
+pub mod log;
 mod ops;
 #[cfg(feature = "postgres")]
 pub mod outbox;

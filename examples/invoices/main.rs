@@ -56,11 +56,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    logging::init(
-        log_format,
-        "info,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();

@@ -24,8 +24,8 @@
 //!
 //! `--log-format json` writes the log lines as one JSON object per line (for
 //! a log collector); `text`, the default, as people read them. Both go to
-//! stderr, filtered by `RUST_LOG` (default
-//! `info,acemq::consumer=warn,lapin::returned_messages=off`).
+//! stderr, filtered by `RUST_LOG` (default [`acemq::log::DEFAULT_FILTER`],
+//! `info,lapin=off`).
 //!
 //! The connection is named `acemq-shop@HOST:PID`, so an operator can tell
 //! instances apart in `rabbitmqctl list_connections client_properties`.
@@ -178,11 +178,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    logging::init(
-        args.log_format,
-        "info,acemq::consumer=warn,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(args.log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
     std::panic::set_hook(Box::new(log_panic));
     let config = match Config::from_path(&args.config) {

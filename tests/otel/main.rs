@@ -518,9 +518,6 @@ async fn a_malformed_traceparent_starts_a_new_trace_with_one_warning_and_is_hand
     assert!(!cx.span().span_context().is_valid());
 }
 
-/// The examples' default filter (`examples/shop/main.rs`).
-const EXAMPLES_FILTER: &str = "info,acemq::consumer=warn,lapin::returned_messages=off";
-
 #[tokio::test]
 async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_examples_turn_off() {
     telemetry();
@@ -560,24 +557,30 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
                 .all(|(l, t, _)| *l == tracing::Level::WARN && t == "lapin::returned_messages"),
         "{logged:#?}"
     );
-    // The examples' default filter drops that target and keeps lapin's other warnings.
-    let filter = tracing_subscriber::EnvFilter::new(EXAMPLES_FILTER);
+    // The examples' default filter drops lapin's events (its ERRORs about a
+    // lost connection included) and keeps acemq's.
+    let filter = tracing_subscriber::EnvFilter::new(acemq::log::DEFAULT_FILTER);
     let logs = CapturedLogs::default();
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(logs.clone());
     tracing::subscriber::with_default(subscriber, || {
         tracing::warn!(target: "lapin::returned_messages", "returned");
-        tracing::warn!(target: "lapin::channel", "kept");
+        tracing::error!(target: "lapin::io_loop", "error doing IO");
+        tracing::warn!(target: "acemq::app::supervisor::connection", "kept");
     });
     let kept: Vec<_> = logs.events().into_iter().map(|(_, t, _)| t).collect();
-    assert_eq!(kept, ["lapin::channel"]);
+    assert_eq!(kept, ["acemq::app::supervisor::connection"]);
     for example in [
         include_str!("../../examples/shop/main.rs"),
         include_str!("../../examples/axum_side_by_side.rs"),
         include_str!("../../examples/tracing_otlp.rs"),
+        include_str!("../../examples/invoices/main.rs"),
+        include_str!("../../examples/outbox.rs"),
+        include_str!("../../examples/replay.rs"),
+        include_str!("../../examples/own_consumer.rs"),
     ] {
-        assert!(example.contains("lapin::returned_messages=off"));
+        assert!(example.contains("acemq::log::DEFAULT_FILTER"));
     }
 }
 
