@@ -18,6 +18,7 @@ mod dead_letter;
 mod drain;
 mod factory;
 mod faults;
+mod logs;
 mod metrics_names;
 mod pause;
 mod process;
