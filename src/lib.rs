@@ -44,7 +44,7 @@ pub mod stack;
 pub mod testing;
 
 // The public paths, kept where users found them.
-pub use amqp::{connection, convert, publisher, topology};
+pub use amqp::{connection, convert, delay, publisher, topology};
 pub use app::{drain, health};
 #[cfg(feature = "axum")]
 pub use ops::admin;

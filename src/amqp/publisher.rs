@@ -65,6 +65,8 @@ struct Inner {
     connection: watch::Receiver<Option<Arc<Connection>>>,
     channel: Mutex<Option<Channel>>,
     topology: OnceLock<Topology>,
+    /// The delay buckets declared so far (see [`crate::amqp::delay`]).
+    delay_buckets: crate::amqp::delay::Declared,
     /// How long a publish waits for a connection, or for the broker to
     /// unblock one.
     wait: Duration,
@@ -107,6 +109,7 @@ impl Publisher {
                 connection,
                 channel: Mutex::new(None),
                 topology: OnceLock::new(),
+                delay_buckets: Default::default(),
                 wait,
             }),
         }
@@ -141,6 +144,34 @@ impl Publisher {
                 ),
             )),
         }
+    }
+
+    /// The open connection, once not blocked (for the delay buckets'
+    /// declarations).
+    pub(crate) async fn open_connection(
+        &self,
+        target: &str,
+    ) -> Result<Arc<Connection>, PublishError> {
+        let conn = self.connection(target).await?;
+        self.unblocked(&conn, target).await?;
+        Ok(conn)
+    }
+
+    pub(crate) fn delay_buckets(&self) -> &crate::amqp::delay::Declared {
+        &self.inner.delay_buckets
+    }
+
+    /// Whether delay buckets are quorum queues: when the topology declares
+    /// any quorum queue.
+    pub(crate) fn quorum_buckets(&self) -> bool {
+        self.inner.topology.get().is_some_and(|t| {
+            t.decls().iter().any(|d| {
+                matches!(
+                    d.arguments.inner().get("x-queue-type"),
+                    Some(lapin::types::AMQPValue::LongString(s)) if s.to_string() == "quorum"
+                )
+            })
+        })
     }
 
     /// Waits (within `wait`) while the broker blocks `conn`. Checked before

@@ -15,6 +15,7 @@ mod admin_drain;
 mod bad_input;
 mod config_load;
 mod dead_letter;
+mod delay;
 mod drain;
 mod factory;
 mod faults;
