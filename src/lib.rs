@@ -38,6 +38,7 @@ pub mod log;
 mod ops;
 #[cfg(feature = "postgres")]
 pub mod outbox;
+pub mod rpc;
 pub mod settle;
 pub mod stack;
 #[cfg(feature = "test-util")]

@@ -157,6 +157,12 @@ impl Publisher {
         Ok(conn)
     }
 
+    /// The connection cell and the wait, for a client that rides the
+    /// publishing connection.
+    pub(crate) fn connection_watch(&self) -> (watch::Receiver<Option<Arc<Connection>>>, Duration) {
+        (self.inner.connection.clone(), self.inner.wait)
+    }
+
     pub(crate) fn delay_buckets(&self) -> &crate::amqp::delay::Declared {
         &self.inner.delay_buckets
     }
@@ -294,6 +300,21 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
+        self.send_with(exchange, routing_key, body, properties, true)
+            .await
+    }
+
+    /// Publishes and waits for the confirm; `mandatory: false` only where
+    /// a return would be wrong (a reply to a direct reply-to address, which
+    /// the broker returns as unroutable when mandatory).
+    pub(crate) async fn send_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<(), PublishError> {
         let target = if exchange.is_empty() {
             routing_key.to_owned()
         } else {
@@ -310,7 +331,7 @@ impl Publisher {
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory,
                     ..BasicPublishOptions::default()
                 },
                 body,

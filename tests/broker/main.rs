@@ -31,6 +31,7 @@ mod replay;
 mod retry;
 mod round_trip;
 mod routing;
+mod rpc;
 mod settle;
 mod shop_queues;
 mod soak;
