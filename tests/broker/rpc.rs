@@ -228,7 +228,7 @@ async fn calls_in_flight_when_the_connection_is_closed_each_end_with_a_reply_or_
             .expect("no call hangs past its deadline")
             .expect("the call's task");
     }
-    let outcomes = outcomes.lock().unwrap();
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
     assert_eq!(outcomes.len(), 16);
     let lost = outcomes
         .iter()
