@@ -60,7 +60,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    logging::init(format, "info,lapin=off", std::io::stderr);
+    logging::init(format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     match parse(&args) {
         Ok(Mode::Serve) => serve().await,
         Ok(Mode::Call(n)) => call(n).await,
