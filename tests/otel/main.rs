@@ -621,6 +621,7 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
         include_str!("../../examples/outbox.rs"),
         include_str!("../../examples/replay.rs"),
         include_str!("../../examples/own_consumer.rs"),
+        include_str!("../../examples/rpc.rs"),
     ] {
         assert!(example.contains("acemq::log::DEFAULT_FILTER"));
     }
