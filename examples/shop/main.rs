@@ -1,6 +1,7 @@
 //! The shop: acemq's main example. A consumer of `shop.orders` whose demo
 //! batch walks every path — success, an in-process retry, a rung hop, a
-//! permanent rejection, a panic, an exhausted order — then consumes until
+//! permanent rejection, a panic, an exhausted order, and one order published
+//! with a 2 s delay (`Publisher::publish_delayed`) — then consumes until
 //! SIGTERM or SIGINT and drains.
 //!
 //! Run with:
@@ -64,6 +65,10 @@ const ADMIN_GRACE: Duration = Duration::from_secs(2);
 
 const USAGE: &str =
     "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]... [--log-format text|json]";
+
+/// The demo batch's delayed order and its delay.
+const DELAYED_ORDER: &str = "o-delayed";
+const DEMO_DELAY: Duration = Duration::from_secs(2);
 
 /// The demo batch: one order per path.
 fn demo_batch() -> Vec<(String, Vec<u8>)> {
@@ -268,6 +273,24 @@ async fn main() -> ExitCode {
             props.content_type = Some("application/json".to_owned());
             if let Err(e) = publisher.publish("", first, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
+            }
+        }
+        // One more order, published with a 2 s delay: it waits in the
+        // bucket queue `acemq.delay.2s` (no plugin) and reaches the queue
+        // through the default exchange after 2 s.
+        let mut props = acemq::Properties::default();
+        props.message_id = Some(DELAYED_ORDER.to_owned());
+        props.content_type = Some("application/json".to_owned());
+        let body = format!(r#"{{"id":"{DELAYED_ORDER}"}}"#);
+        match publisher
+            .publish_delayed("", first, body.as_bytes(), props, DEMO_DELAY)
+            .await
+        {
+            Ok(()) => {
+                info!(order = DELAYED_ORDER, delay = ?DEMO_DELAY, "published a delayed demo order")
+            }
+            Err(e) => {
+                warn!(order = DELAYED_ORDER, error = %e, "could not publish the delayed demo order")
             }
         }
         info!(orders = n, queue = %first, "published the demo batch");

@@ -34,7 +34,9 @@ fn lapin_or_error_lines(stderr: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handled_delivery_is_one_short_line_naming_queue_tag_message_id_attempt_and_outcome() {
     let q = unique("logs-line");
-    let _cleanup = QueueCleanup::new(vec![q.clone()]);
+    // The demo batch's delayed order declares the default exchange's 2 s
+    // bucket.
+    let _cleanup = QueueCleanup::new(vec![q.clone(), "acemq.delay.2s".to_owned()]);
     // The demo batch, seeded into `q`.
     let mut shop = ShopProcess::spawn_with_args(&q, &config_yaml(&q), &["--queue", &q], &[]);
     shop.wait_stderr("order handled order=o-ok-4", SECS(20))
