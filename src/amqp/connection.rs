@@ -317,6 +317,22 @@ pub enum ConnectError {
     },
 }
 
+impl ConnectError {
+    /// Whether the failure is the configuration's, not the broker's: an
+    /// address that is not a usable AMQP URL, or a TLS file that cannot be
+    /// used — or, with several addresses, every one failing so. A start
+    /// that fails so exits 78 (69 for the rest).
+    pub fn is_config(&self) -> bool {
+        match self {
+            ConnectError::BadAddress { .. } | ConnectError::Tls { .. } => true,
+            ConnectError::NoneAnswered { tried } => {
+                !tried.is_empty() && tried.iter().all(ConnectError::is_config)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
 /// by `rabbitmqctl list_connections client_properties`). A comma-separated
 /// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
