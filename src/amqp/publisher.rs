@@ -47,7 +47,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::amqp::convert::properties_to_lapin;
+use crate::amqp::convert::{properties_to_lapin, short_string, try_properties_to_lapin, TooLong};
 use crate::amqp::topology::{declare_one, Topology};
 
 mod options;
@@ -261,9 +261,11 @@ impl Publisher {
         if properties.delivery_mode.is_none() {
             properties.delivery_mode = Some(2);
         }
-        let mut props = properties_to_lapin(&properties, headers);
+        let too_long =
+            |e: TooLong| PublishError::transport_with_source(routing_key, e.to_string(), e);
+        let mut props = try_properties_to_lapin(&properties, headers).map_err(too_long)?;
         if let Some(e) = &properties.expiration {
-            props = props.with_expiration(e.as_str().into());
+            props = props.with_expiration(short_string("expiration", e).map_err(too_long)?);
         }
         self.send(exchange, routing_key, body, props).await
     }
@@ -322,14 +324,17 @@ impl Publisher {
         };
         let transport =
             |e: lapin::Error| PublishError::transport_with_source(&*target, e.to_string(), e);
+        let too_long = |e: TooLong| PublishError::transport_with_source(&*target, e.to_string(), e);
+        let exchange = short_string("exchange name", exchange).map_err(too_long)?;
+        let routing_key = short_string("routing key", routing_key).map_err(too_long)?;
         let properties = crate::amqp::otel::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
         let ch = self.usable_channel(&conn).await.map_err(transport)?;
         let confirm = ch
             .basic_publish(
-                exchange.into(),
-                routing_key.into(),
+                exchange,
+                routing_key,
                 BasicPublishOptions {
                     mandatory,
                     ..BasicPublishOptions::default()
