@@ -52,6 +52,11 @@ impl Target {
         let config_addresses = config.map_or(&[][..], |c| c.addresses.as_slice());
         let addresses = resolve_addresses(from_flag.as_deref(), config_addresses);
         refuse_tls_without_tls(&addresses)?;
+        // Every address of AMQP_ADDR or the config, not only the one that
+        // answers (the flag's were checked above).
+        for addr in &addresses {
+            check_address(addr).map_err(Failure::config)?;
+        }
         Ok(Target {
             addresses,
             options: config.map(ConnectOptions::from_config).unwrap_or_default(),

@@ -53,7 +53,8 @@ impl QueueType {
 #[non_exhaustive]
 pub struct QueueConfig {
     /// The queue's name in RabbitMQ (required; not empty, no whitespace or
-    /// control characters, not starting with `amq.`).
+    /// control characters, not starting with `amq.`, not the `.dlq` or a
+    /// rung acemq declares for another queue of the config).
     pub name: String,
     /// The queue type, key `type` (default [`QueueType::Classic`]).
     #[serde(rename = "type", default)]
@@ -63,7 +64,8 @@ pub struct QueueConfig {
     #[serde(default = "QueueConfig::default_prefetch")]
     pub prefetch: u16,
     /// How many handlers may run at once on this queue (default 8; at least
-    /// 1).
+    /// 1, at most `prefetch`: the broker sends at most `prefetch`
+    /// unacknowledged deliveries, so handlers beyond it could never run).
     #[serde(default = "QueueConfig::default_concurrency")]
     pub concurrency: usize,
     /// Declare `{name}.dlq` and dead-letter there, with the reason, what
@@ -189,16 +191,19 @@ impl QueueConfig {
 #[non_exhaustive]
 pub struct RetriesConfig {
     /// Attempts in all, the first included (required; at least 1; 1 means no
-    /// retry).
+    /// retry; at most [`RetriesConfig::MAX_ATTEMPTS`], 1,000,000).
     pub max_attempts: u32,
-    /// The delay after the first failure (required; not zero).
+    /// The delay after the first failure (required; not zero; at most
+    /// [`RetriesConfig::MAX_DELAY`], RabbitMQ's longest TTL, 49 days 17 h).
     #[serde(deserialize_with = "duration::deserialize")]
     pub initial_delay: Duration,
-    /// The cap on any delay (required; at least `initial_delay`).
+    /// The cap on any delay (required; at least `initial_delay`; at most
+    /// [`RetriesConfig::MAX_DELAY`]).
     #[serde(deserialize_with = "duration::deserialize")]
     pub max_delay: Duration,
     /// Delays at or above this wait on a rung queue in the broker, shorter
-    /// ones in this process (default 30 s).
+    /// ones in this process (default 30 s; at most
+    /// [`RetriesConfig::MAX_DELAY`]).
     #[serde(
         default = "RetriesConfig::default_broker_wait_threshold",
         deserialize_with = "duration::deserialize"
@@ -286,7 +291,8 @@ impl RetriesConfig {
 pub struct AckBatch {
     /// The run's length; `None` for the default; `Some(0)` off.
     pub count: Option<usize>,
-    /// The time bound; `None` for the default (2 ms).
+    /// The time bound; `None` for the default (2 ms); at most
+    /// [`AckBatch::MAX_DELAY`], 1 s.
     pub delay: Option<Duration>,
 }
 
