@@ -100,11 +100,16 @@ pub enum Reason {
     /// `max_redeliveries` (its `x-delivery-count` header, quorum queues):
     /// dead-lettered without calling the handler, which breaks a crash loop.
     Redelivered,
+    /// The handler ended the inbox's transaction itself (a `COMMIT` or
+    /// `ROLLBACK` statement): its work and the inbox mark did not commit
+    /// together, a programming error that no retry fixes
+    /// ([`TransactionEnded`](crate::inbox::TransactionEnded)).
+    TransactionEnded,
 }
 
 impl Reason {
     /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`,
-    /// `redelivered`.
+    /// `redelivered`, `transaction-ended`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::MaxAttempts => "max-attempts",
@@ -112,6 +117,7 @@ impl Reason {
             Reason::Panic => "panic",
             Reason::Timeout => "timeout",
             Reason::Redelivered => "redelivered",
+            Reason::TransactionEnded => "transaction-ended",
         }
     }
 
@@ -123,6 +129,7 @@ impl Reason {
             "panic" => Reason::Panic,
             "timeout" => Reason::Timeout,
             "redelivered" => Reason::Redelivered,
+            "transaction-ended" => Reason::TransactionEnded,
             _ => return None,
         })
     }

@@ -133,6 +133,10 @@ pub struct QueueSnapshot {
     /// `basic.nack`, `basic.reject`): against [`handled`](Self::handled),
     /// how well acknowledgements coalesce (`ack_batch`).
     pub settle_frames: usize,
+    /// Deliveries an inbox layer in this process recognised as already
+    /// processed and acknowledged without calling the handler, so far
+    /// ([`acemq_layers::inbox::duplicates`]; `acemq.inbox.duplicates`).
+    pub inbox_duplicates: u64,
 }
 
 impl Health {
@@ -310,6 +314,7 @@ impl Health {
                 paused: q.gate.is_paused(),
                 orphaned: q.stats.orphaned.load(Ordering::Relaxed),
                 settle_frames: q.stats.settle_frames.load(Ordering::Relaxed),
+                inbox_duplicates: acemq_layers::inbox::duplicates(&q.name),
                 name: q.name,
             })
             .collect();

@@ -51,8 +51,10 @@
 //! # let _ = handler; }
 //! ```
 
+mod client;
 mod store;
 mod transaction;
 
+pub use client::InboxClient;
 pub use store::PgInbox;
 pub use transaction::{NoTransaction, PgTransaction};

@@ -78,7 +78,7 @@
 //! ```
 
 mod batch;
-mod enqueue;
+pub(crate) mod enqueue;
 pub(crate) mod error;
 mod message;
 mod pool;
