@@ -11,6 +11,7 @@ mod support;
 #[allow(dead_code)]
 mod proxy;
 
+mod compose;
 mod inbox;
 mod migrate;
 mod process;
