@@ -193,11 +193,17 @@ async fn a_handler_that_rolls_back_the_inbox_transaction_is_dead_lettered_and_le
         0,
         "no mark"
     );
-    // What ran after the ROLLBACK ran outside any transaction: it stays.
     assert_eq!(
         db.count("SELECT count(*) FROM shipments WHERE order_id = 'before'")
             .await,
-        0
+        0,
+        "rolled back with the mark"
+    );
+    // What ran after the ROLLBACK ran outside any transaction: it stays.
+    assert_eq!(
+        db.count("SELECT count(*) FROM shipments WHERE order_id = 'after'")
+            .await,
+        1
     );
 }
 
