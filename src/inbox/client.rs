@@ -22,6 +22,13 @@ use crate::outbox::{OutboxError, OutboxMessage};
 /// commit, and the delivery is dead-lettered with reason
 /// `transaction-ended`.
 ///
+/// ```compile_fail
+/// # async fn f(tx: acemq::inbox::PgTransaction) {
+/// let mut client = tx.client().await;
+/// let nested = client.transaction().await; // no such method
+/// # }
+/// ```
+///
 /// Held until dropped: other clones of the [`PgTransaction`](super::PgTransaction)
 /// wait for it, so do not hold it across a call that needs the transaction
 /// again through another guard.
