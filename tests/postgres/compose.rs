@@ -278,3 +278,41 @@ async fn a_duplicate_shows_in_the_health_snapshot_and_in_queues() {
     assert_eq!(queues[0]["inbox_duplicates"], 1, "{queues}");
     assert_eq!(db.count("SELECT count(*) FROM shipments").await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_swallows_a_failed_statement_and_returns_ok_is_not_acknowledged_as_handled()
+{
+    use acemq::layers::inbox::InboxOutcome;
+    use tower::ServiceExt;
+    let db = TestDb::create().await;
+    let svc = ServiceBuilder::new()
+        .layer(InboxLayer::new(PgInbox::new(db.pool.clone())))
+        .service_fn(|d: Delivery| async move {
+            let tx = PgTransaction::of(&d)?;
+            let client = tx.client().await;
+            client
+                .execute(
+                    "INSERT INTO shipments (order_id, message_id) VALUES ('o-1', 'm-1')",
+                    &[],
+                )
+                .await?;
+            // The error is dropped: the transaction is aborted all the same.
+            let _ = client.execute("SELECT 1/0", &[]).await;
+            Ok::<_, BoxError>(())
+        });
+    let mut props = acemq::layers::Properties::default();
+    props.message_id = Some("m-1".to_owned());
+    let d = Delivery::builder().queue("q").properties(props).build();
+    let outcome = svc.oneshot(d).await;
+    assert!(
+        !matches!(outcome, Ok(InboxOutcome::Handled(()))),
+        "nothing was committed, yet the delivery was reported handled"
+    );
+    let err = outcome.expect_err("the commit fails");
+    assert!(
+        !acemq::layers::inbox::TransactionEnded::is_in(&*err),
+        "an aborted transaction is retried, not dead-lettered: {err}"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM shipments").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM acemq_inbox").await, 0);
+}
