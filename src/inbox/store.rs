@@ -3,11 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use acemq_layers::inbox::{Begun, InboxStore};
+use acemq_layers::inbox::{Begun, InboxStore, TransactionEnded};
 use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
-
-use acemq_layers::inbox::TransactionEnded;
 
 use super::transaction::{Committed, PgTransaction};
 use crate::outbox::error::{db, OutboxError};
@@ -95,7 +93,8 @@ impl InboxStore for PgInbox {
                 ))?),
                 None => None,
             };
-            // Pipelined: one round trip for the three (none without a key).
+            // Pipelined: BEGIN, the mark (with a key) and the transaction's
+            // id in one round trip.
             let insert = async {
                 match (&mark, &key) {
                     (Some(mark), Some((queue, id))) => client.execute(mark, &[queue, id]).await,
