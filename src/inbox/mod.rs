@@ -5,10 +5,9 @@
 //! [`InboxLayer`](acemq_layers::inbox::InboxLayer). For each delivery with a
 //! message id it takes a connection from the pool, opens a transaction and
 //! inserts `(queue, message_id)` into `acemq_inbox` with `ON CONFLICT DO
-//! NOTHING` (one round trip: `BEGIN`, the insert and `pg_current_xact_id()` are
-//! pipelined). No row
-//! inserted means the key was committed before: the delivery is a duplicate
-//! and the handler is skipped. Otherwise the handler finds a
+//! NOTHING` (one round trip: `BEGIN`, the insert and `pg_current_xact_id()`
+//! are pipelined). No row inserted means the key was committed before: the
+//! delivery is a duplicate and the handler is skipped. Otherwise the handler finds a
 //! [`PgTransaction`] in the delivery's extensions and does its writes
 //! through it; the layer commits after `Ok` and before the ack.
 //!
