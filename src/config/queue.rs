@@ -65,7 +65,9 @@ pub struct QueueConfig {
     pub prefetch: u16,
     /// How many handlers may run at once on this queue (default 8; at least
     /// 1, at most `prefetch`: the broker sends at most `prefetch`
-    /// unacknowledged deliveries, so handlers beyond it could never run).
+    /// unacknowledged deliveries, so handlers beyond it could never run. The
+    /// default beside a smaller `prefetch` is accepted and runs at most
+    /// `prefetch` handlers).
     #[serde(default = "QueueConfig::default_concurrency")]
     pub concurrency: usize,
     /// Declare `{name}.dlq` and dead-letter there, with the reason, what

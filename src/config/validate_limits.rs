@@ -200,7 +200,10 @@ fn short_names(field: &str, what: &str, args: &Arguments) -> Result<(), ConfigEr
 
 impl QueueConfig {
     fn validate_concurrency_at(&self, i: usize) -> Result<(), ConfigError> {
-        if self.concurrency > usize::from(self.prefetch) {
+        // The default (8) beside a smaller prefetch is not a mistake the
+        // user made: it runs at most `prefetch` handlers, as it always did.
+        let default = self.concurrency == QueueConfig::DEFAULT_CONCURRENCY;
+        if self.concurrency > usize::from(self.prefetch) && !default {
             return Err(ConfigError::invalid(
                 format!("queues[{i}].concurrency"),
                 format!(
@@ -279,6 +282,9 @@ mod tests {
         );
         assert!(!message.contains('\n'), "{message}");
         Config::from_yaml_str(&one_queue("{ name: q, prefetch: 4, concurrency: 4 }")).unwrap();
+        // A small prefetch with the default concurrency still loads: it
+        // runs at most `prefetch` handlers.
+        Config::from_yaml_str(&one_queue("{ name: q, prefetch: 2 }")).unwrap();
     }
 
     #[test]
