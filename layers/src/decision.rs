@@ -105,11 +105,16 @@ pub enum Reason {
     /// together, a programming error that no retry fixes
     /// ([`TransactionEnded`](crate::inbox::TransactionEnded)).
     TransactionEnded,
+    /// The broker timed out the message's acknowledgement (`consumer_timeout`)
+    /// more often than the queue's `consumer_timeout_strikes`: each time it
+    /// closed the channel (or cancelled the consumer) and the message came
+    /// back; dead-lettered without calling the handler again.
+    ConsumerTimeout,
 }
 
 impl Reason {
     /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`,
-    /// `redelivered`, `transaction-ended`.
+    /// `redelivered`, `transaction-ended`, `consumer-timeout`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::MaxAttempts => "max-attempts",
@@ -118,6 +123,7 @@ impl Reason {
             Reason::Timeout => "timeout",
             Reason::Redelivered => "redelivered",
             Reason::TransactionEnded => "transaction-ended",
+            Reason::ConsumerTimeout => "consumer-timeout",
         }
     }
 
@@ -130,6 +136,7 @@ impl Reason {
             "timeout" => Reason::Timeout,
             "redelivered" => Reason::Redelivered,
             "transaction-ended" => Reason::TransactionEnded,
+            "consumer-timeout" => Reason::ConsumerTimeout,
             _ => return None,
         })
     }
@@ -138,5 +145,26 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn every_reason_reads_back_from_its_header_form() {
+        for r in [
+            Reason::MaxAttempts,
+            Reason::Rejected,
+            Reason::Panic,
+            Reason::Timeout,
+            Reason::Redelivered,
+            Reason::ConsumerTimeout,
+        ] {
+            assert_eq!(Reason::from_header(r.as_str()), Some(r), "{r}");
+        }
+        assert_eq!(Reason::ConsumerTimeout.as_str(), "consumer-timeout");
+        assert_eq!(Reason::from_header("consumer_timeout"), None);
     }
 }
