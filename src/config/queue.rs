@@ -115,6 +115,16 @@ pub struct QueueConfig {
     /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
     #[serde(default = "QueueConfig::default_max_redeliveries")]
     pub max_redeliveries: u32,
+    /// How many times the broker may time out a message's acknowledgement
+    /// (its `consumer_timeout`: it closes the channel, or on RabbitMQ 4.3
+    /// cancels the consumer, and every unacknowledged delivery comes back)
+    /// before the message is dead-lettered with reason `consumer-timeout`,
+    /// without calling the handler again (default 2; 1 to 100). Any queue
+    /// type. Counted in this process only: see
+    /// `docs/reliability/consumer-timeout.md` for which delivery a timeout
+    /// is counted against.
+    #[serde(default = "QueueConfig::default_consumer_timeout_strikes")]
+    pub consumer_timeout_strikes: u32,
 }
 
 impl QueueConfig {
@@ -139,7 +149,18 @@ impl QueueConfig {
             arguments: Arguments::new(),
             bindings: Vec::new(),
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
+            consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
         }
+    }
+
+    /// The default `consumer_timeout_strikes`: 2.
+    pub const DEFAULT_CONSUMER_TIMEOUT_STRIKES: u32 = 2;
+    /// The largest `consumer_timeout_strikes` accepted: 100 (each strike
+    /// costs a whole `consumer_timeout`).
+    pub const MAX_CONSUMER_TIMEOUT_STRIKES: u32 = 100;
+
+    fn default_consumer_timeout_strikes() -> u32 {
+        QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES
     }
 
     /// The default `max_redeliveries`: 50.
