@@ -29,7 +29,7 @@ use acemq::connection::amqp_addr_from_env;
 use acemq::replay::{replay_dead_letters, ReplayOptions};
 use acemq::Reason;
 
-const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered|transaction-ended] [--limit N] [--log-format text|json]";
+const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered|transaction-ended|consumer-timeout] [--limit N] [--log-format text|json]";
 
 fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
     let mut queue = None;
