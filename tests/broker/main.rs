@@ -20,6 +20,7 @@ mod drain;
 mod factory;
 mod faults;
 mod logs;
+mod lost_in_drain;
 mod metrics_names;
 mod pause;
 mod process;
