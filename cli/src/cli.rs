@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 /// What `--reason` accepts: the reasons acemq writes to `x-acemq-reason`.
-const REASONS: &str = "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout";
+const REASONS: &str =
+    "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout";
 
 /// acemq's operator command: the topology a config names, queue depths, and
 /// dead letters.
