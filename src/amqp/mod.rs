@@ -6,6 +6,7 @@
 //! Depends on `config` only; every room below it (settle, consumer, app,
 //! ops) uses it.
 
+pub(crate) mod backoff;
 pub mod connection;
 pub mod convert;
 pub mod delay;

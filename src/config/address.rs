@@ -3,8 +3,6 @@
 //! in, and how one is shown without its password. Nothing here connects:
 //! [`connection`](crate::connection) does, with these.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use super::error::ConfigError;
@@ -101,7 +99,8 @@ pub fn check_address(addr: &str) -> Result<(), String> {
     let u = url::Url::parse(addr).map_err(|e| format!("{shown} is not a URL: {e}"))?;
     if u.scheme() != "amqp" && u.scheme() != "amqps" {
         return Err(format!(
-            "{shown} has the scheme {:?}, not amqp or amqps",
+            "{shown} is not a valid amqp:// URL (its scheme is {:?}): write \
+             amqp://USER:PASSWORD@HOST:PORT/VHOST, or amqps://… with the tls feature",
             u.scheme()
         ));
     }
@@ -253,13 +252,7 @@ fn one_url_with_a_comma(text: &str) -> bool {
 /// cluster's nodes).
 pub fn shuffled(addresses: &[String]) -> Vec<String> {
     let mut v = addresses.to_vec();
-    let state = RandomState::new();
-    for i in (1..v.len()).rev() {
-        let mut h = state.build_hasher();
-        h.write_usize(i);
-        let j = (h.finish() % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
+    fastrand::shuffle(&mut v);
     v
 }
 

@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 use super::batch;
 use super::publish::OutboxPublish;
 use super::stats::{RelayStats, Stats};
+use crate::amqp::backoff::Backoff;
 
 /// The relay's settings. Every field has a default, stated on it.
 #[derive(Clone, Debug)]
@@ -24,7 +25,9 @@ pub struct RelayConfig {
     /// pending rows than a batch. Default 100 ms.
     pub poll_interval: Duration,
     /// The first wait after a failed batch (broker or database down);
-    /// doubled on each failure in a row, jittered. Default 200 ms.
+    /// doubled on each failure in a row up to `retry_max`, with full jitter
+    /// (each wait drawn from zero to that bound), as reconnects do. Default
+    /// 200 ms.
     pub retry_initial: Duration,
     /// The cap on that wait. Default 10 s.
     pub retry_max: Duration,
@@ -164,19 +167,6 @@ impl Drop for RelayHandle {
     }
 }
 
-/// Capped exponential backoff with ±20 % jitter.
-fn backoff(config: &RelayConfig, failures: u32) -> Duration {
-    let exp = config
-        .retry_initial
-        .saturating_mul(1u32 << failures.min(16).saturating_sub(1));
-    let capped = exp.min(config.retry_max);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let factor = 0.8 + f64::from(nanos % 1000) / 1000.0 * 0.4;
-    capped.mul_f64(factor)
-}
-
 async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: Arc<Stats>) {
     let Relay {
         pool,
@@ -184,7 +174,7 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
         config,
     } = relay;
     let limit = i64::try_from(config.batch_size.max(1)).unwrap_or(i64::MAX);
-    let mut failures: u32 = 0;
+    let mut backoff = Backoff::between(config.retry_initial, config.retry_max);
     let mut next_cleanup = Instant::now();
     debug!(batch_size = config.batch_size, "outbox relay started");
     while !stop.is_cancelled() {
@@ -200,18 +190,17 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
         let wait = match batch::run(&pool, &publisher, limit, config.publish_timeout, &stats).await
         {
             Ok(b) if b.transport_errors == 0 => {
-                failures = 0;
+                backoff.reset();
                 if b.claimed as i64 >= limit {
                     continue;
                 }
                 config.poll_interval
             }
             Ok(b) => {
-                failures = failures.saturating_add(1);
                 stats.failed_batches.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("acemq.outbox.transport_errors")
                     .increment(b.transport_errors as u64);
-                let wait = backoff(&config, failures);
+                let wait = backoff.next_delay();
                 warn!(
                     rows = b.transport_errors,
                     retry_in = ?wait,
@@ -221,10 +210,9 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
                 wait
             }
             Err(e) => {
-                failures = failures.saturating_add(1);
                 stats.failed_batches.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("acemq.outbox.database_errors").increment(1);
-                let wait = backoff(&config, failures);
+                let wait = backoff.next_delay();
                 warn!(retry_in = ?wait, "outbox relay batch failed, the rows stay pending: {e}");
                 wait
             }

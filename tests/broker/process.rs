@@ -279,7 +279,7 @@ async fn a_bad_query_parameter_or_a_non_amqp_address_in_amqp_addr_exits_78_with_
         ),
         (
             list.as_str(),
-            "address 2 of 2: http://guest:***@127.0.0.1:15672/ has the scheme \"http\"",
+            "address 2 of 2: http://guest:***@127.0.0.1:15672/ is not a valid amqp:// URL (its scheme is \"http\")",
         ),
     ] {
         let mut shop = ShopProcess::spawn(&q, &yaml, &[("AMQP_ADDR", amqp_addr)]);

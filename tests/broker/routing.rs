@@ -545,8 +545,8 @@ async fn an_address_without_a_scheme_is_a_config_error_exiting_78() {
             .await
             .expect_err("bad address");
         assert!(
-            matches!(err, StartError::Connect(ConnectError::BadAddress { .. })),
-            "{bad}: {err:?}"
+            matches!(err, StartError::Config(_)),
+            "{bad}: checked before connecting, a config error: {err:?}"
         );
         assert_eq!(err.exit_code(), 78, "{bad}: {err}");
         assert!(err.to_string().contains("amqp://"), "{bad}: {err}");

@@ -9,8 +9,8 @@ use futures::{FutureExt, Stream, StreamExt};
 use lapin::{Connection, Event};
 use tracing::{info, warn};
 
-use super::backoff::Backoff;
 use super::shared::{sleep_or_stop, Conn, Next, Shared};
+use crate::amqp::backoff::Backoff;
 use crate::amqp::connection::{connect_any_via, Via};
 use crate::app::error::StartError;
 

@@ -17,7 +17,6 @@
 //! - `queue`: one queue's runner;
 //! - `connection`: one connection's supervisor.
 
-mod backoff;
 mod connection;
 mod queue;
 mod shared;

@@ -11,10 +11,10 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle};
 use tracing::{error, info, warn};
 
-use super::backoff::{Backoff, BACKOFF_MAX};
 use super::shared::{
     open, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
 };
+use crate::amqp::backoff::{Backoff, BACKOFF_MAX};
 use crate::amqp::topology::Topology;
 use crate::app::error::StartError;
 use crate::config::QueueConfig;
