@@ -23,8 +23,19 @@ pub enum Decision {
     DeadLetter(DeadLetterDecision),
     /// Leave the delivery to the broker, unsettled by this handler: the
     /// broker redelivers it at the same attempt number. The loop requeues it
-    /// while its channel is open; on a closed channel the broker already has.
+    /// while its channel is open (`basic.nack` with requeue: a drain, the
+    /// pause gate, a handler cancelled by the drain — not the message's
+    /// doing, and RabbitMQ 4.3's quorum queues do not count it in
+    /// `x-delivery-count`); on a closed channel the broker already has.
     HandBack,
+    /// The handler gave the delivery back ([`Verdict::Requeue`](crate::Verdict::Requeue)):
+    /// requeued at the same attempt number like [`HandBack`](Decision::HandBack),
+    /// but as `basic.reject` with requeue, which every version of RabbitMQ's
+    /// quorum queues counts in `x-delivery-count` (4.3 no longer counts a
+    /// `basic.nack`), so a handler that always requeues reaches
+    /// `max_redeliveries` and the broker's delivery limit on every version.
+    /// Counted as `handed-back` in the metrics.
+    Requeue,
     /// The handler ignored cancellation past the grace period and was
     /// dropped. The loop settles nothing; closing the connection returns
     /// the delivery to the broker.
@@ -41,6 +52,7 @@ impl Decision {
             Decision::DeadLetter(d) if d.published => "dead-lettered",
             Decision::DeadLetter(_) => "rejected-to-dlx",
             Decision::HandBack => "handed-back",
+            Decision::Requeue => "requeued",
             Decision::Abandoned => "abandoned",
         }
     }

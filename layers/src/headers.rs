@@ -24,6 +24,18 @@ pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
 /// to the broker, and a stale count would spend its bound).
 pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
+/// The header RabbitMQ 4.3's quorum queues add to a message they redeliver
+/// beside [`DELIVERY_COUNT_HEADER`]: how many times it was acquired by a
+/// consumer and came back, whatever brought it back (from RabbitMQ's
+/// release notes and quorum queue guide: 4.3 counts a `basic.nack`, a
+/// consumer timeout and a consumer's node lost in a partition here, and no
+/// longer in `x-delivery-count`). Read like `x-delivery-count`; never copied
+/// onto a rung or dead-letter copy, for the same reason.
+pub const ACQUIRED_COUNT_HEADER: &str = "x-acquired-count";
+
+/// The headers the broker counts redeliveries in, stripped from every copy.
+pub const REDELIVERY_COUNT_HEADERS: [&str; 2] = [DELIVERY_COUNT_HEADER, ACQUIRED_COUNT_HEADER];
+
 /// One header value. Mirrors the AMQP 0-9-1 field-value types.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

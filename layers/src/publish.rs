@@ -6,16 +6,19 @@ use std::future::Future;
 use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::headers::{
-    Headers, DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    Headers, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, REDELIVERY_COUNT_HEADERS,
 };
 
 /// The headers a copy of `delivery` (rung or dead-letter) starts from: the
-/// original ones, without the broker's `x-delivery-count`, with where the
+/// original ones, without the broker's `x-delivery-count` and
+/// `x-acquired-count`, with where the
 /// message came from (`x-acemq-original-exchange` / `-routing-key`) added
 /// on the first hop and kept after.
 pub(crate) fn copy_headers(delivery: &Delivery) -> Headers {
     let mut headers = delivery.headers().clone();
-    headers.remove(DELIVERY_COUNT_HEADER);
+    for name in REDELIVERY_COUNT_HEADERS {
+        headers.remove(name);
+    }
     if headers.get(ORIGINAL_EXCHANGE_HEADER).is_none() {
         headers.insert(ORIGINAL_EXCHANGE_HEADER, delivery.exchange());
     }

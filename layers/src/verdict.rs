@@ -54,7 +54,8 @@ pub enum Verdict {
     /// Acknowledge: the same as returning `Ok(())`.
     Ack,
     /// Give the delivery back to the broker now, unsettled by this handler
-    /// ([`Decision::HandBack`]): it is requeued and redelivered at once, at
+    /// ([`Decision::Requeue`], sent as `basic.reject` with requeue, which
+    /// quorum queues count): it is requeued and redelivered at once, at
     /// the same attempt number, to this or another consumer. No retry delay
     /// applies, so a handler that always requeues spins; on a quorum queue
     /// `max_redeliveries` ends that, on a classic queue nothing does (use an
@@ -76,7 +77,7 @@ impl Verdict {
     pub fn into_decision(self, attempt: u32) -> Decision {
         match self {
             Verdict::Ack => Decision::Ack,
-            Verdict::Requeue => Decision::HandBack,
+            Verdict::Requeue => Decision::Requeue,
             Verdict::DeadLetter(error) => Decision::DeadLetter(DeadLetterDecision {
                 reason: Reason::Rejected,
                 error,

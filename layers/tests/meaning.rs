@@ -303,7 +303,11 @@ async fn verdict_of(outcome: Verdict) -> (Decision, FakePublisher) {
 async fn a_typed_outcome_is_carried_out_ack_requeue_and_dead_letter() {
     assert_eq!(verdict_of(Verdict::Ack).await.0, Decision::Ack);
     let (requeue, broker) = verdict_of(Verdict::Requeue).await;
-    assert_eq!(requeue, Decision::HandBack, "handed back, not acked");
+    assert_eq!(
+        requeue,
+        Decision::Requeue,
+        "requeued by the handler (a reject the broker counts), not acked, not a hand-back"
+    );
     assert!(broker.published().is_empty(), "no retry, no copy");
     let (dead, broker) = verdict_of(Verdict::dead_letter("duplicate order")).await;
     let Decision::DeadLetter(d) = dead else {

@@ -395,8 +395,10 @@ impl Publisher {
 impl Publish for Publisher {
     async fn publish(&self, message: Outgoing<'_>) -> Result<(), PublishError> {
         let mut headers = message.headers;
-        // The broker's own redelivery count is not the copy's.
-        headers.remove("x-delivery-count");
+        // The broker's own redelivery counts are not the copy's.
+        for name in acemq_layers::headers::REDELIVERY_COUNT_HEADERS {
+            headers.remove(name);
+        }
         crate::amqp::otel::inject_copy(&mut headers);
         let props = properties_to_lapin(message.delivery.properties(), &headers);
         self.send("", message.queue, message.delivery.body(), props)

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use acemq_layers::dead_letter::REASON_HEADER;
 use acemq_layers::headers::{
-    DELIVERY_COUNT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, REDELIVERY_COUNT_HEADERS,
 };
 use acemq_layers::{Headers, Reason};
 use lapin::message::Delivery;
@@ -403,7 +403,8 @@ async fn publish_back(
 
 /// The headers of a replayed copy: the attempt count reset (every
 /// `x-acemq-*` header but the `x-acemq-original-*` ones: where the message
-/// came from, the producer's trace context), no `x-delivery-count`.
+/// came from, the producer's trace context), no `x-delivery-count` nor
+/// `x-acquired-count`.
 pub fn reset(headers: Headers) -> Headers {
     headers
         .into_iter()
@@ -411,7 +412,8 @@ pub fn reset(headers: Headers) -> Headers {
             name == ORIGINAL_EXCHANGE_HEADER
                 || name == ORIGINAL_ROUTING_KEY_HEADER
                 || name.starts_with("x-acemq-original-")
-                || !(name.starts_with("x-acemq-") || name == DELIVERY_COUNT_HEADER)
+                || !(name.starts_with("x-acemq-")
+                    || REDELIVERY_COUNT_HEADERS.contains(&name.as_str()))
         })
         .collect()
 }
@@ -432,6 +434,7 @@ mod tests {
             "x-acemq-queue",
             "x-acemq-dead-lettered-at",
             "x-delivery-count",
+            "x-acquired-count",
             "x-acemq-original-exchange",
             "x-acemq-original-routing-key",
             "x-acemq-original-traceparent",

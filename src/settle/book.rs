@@ -80,7 +80,7 @@ impl Book {
 pub(super) fn deliveries(op: Op) -> u64 {
     match op {
         Op::AckUpTo { count, .. } => count as u64,
-        Op::Ack(_) | Op::Requeue(_) | Op::Reject(_) => 1,
+        Op::Ack(_) | Op::Requeue(_) | Op::RejectRequeue(_) | Op::Reject(_) => 1,
     }
 }
 

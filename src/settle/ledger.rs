@@ -39,8 +39,12 @@ pub(crate) enum Op {
         /// How many deliveries it settles.
         count: usize,
     },
-    /// `basic.nack` with `requeue`: hand back.
+    /// `basic.nack` with `requeue`: hand back (a drain, the pause gate, a
+    /// cancelled handler; not counted by RabbitMQ 4.3's quorum queues).
     Requeue(u64),
+    /// `basic.reject` with `requeue`: the handler gave the delivery back
+    /// (counted in `x-delivery-count` by quorum queues on every version).
+    RejectRequeue(u64),
     /// `basic.reject` without requeue: to the queue's dead-letter exchange.
     Reject(u64),
 }
@@ -53,12 +57,27 @@ enum Entry {
     /// Decided, not sent yet.
     Ack,
     Requeue,
+    RejectRequeue,
     Reject,
     /// Never settled by this process (an abandoned handler): the channel's
     /// close returns it. Blocks every run that would cover it.
     Never,
     /// Sent.
     Settled,
+}
+
+impl Entry {
+    /// The frame that settles this entry's tag alone, when it is decided
+    /// and not sent.
+    fn single(self, tag: u64) -> Option<Op> {
+        match self {
+            Entry::Ack => Some(Op::Ack(tag)),
+            Entry::Requeue => Some(Op::Requeue(tag)),
+            Entry::RejectRequeue => Some(Op::RejectRequeue(tag)),
+            Entry::Reject => Some(Op::Reject(tag)),
+            Entry::Pending | Entry::Never | Entry::Settled => None,
+        }
+    }
 }
 
 /// The bounds of coalescing for one queue.
@@ -149,6 +168,7 @@ impl Ledger {
             match outcome {
                 Outcome::Ack => out.push(Op::Ack(tag)),
                 Outcome::Requeue => out.push(Op::Requeue(tag)),
+                Outcome::RejectRequeue => out.push(Op::RejectRequeue(tag)),
                 Outcome::Reject => out.push(Op::Reject(tag)),
                 Outcome::Never => {}
             }
@@ -163,6 +183,7 @@ impl Ledger {
             *e = match outcome {
                 Outcome::Ack => Entry::Ack,
                 Outcome::Requeue => Entry::Requeue,
+                Outcome::RejectRequeue => Entry::RejectRequeue,
                 Outcome::Reject => Entry::Reject,
                 Outcome::Never => Entry::Never,
             };
@@ -197,16 +218,11 @@ impl Ledger {
                         run_len = 0;
                     }
                 }
-                Entry::Requeue | Entry::Reject => {
+                Entry::Requeue | Entry::RejectRequeue | Entry::Reject => {
                     // Its turn: the run before it first, then it alone.
                     self.send_run(run_end.take(), run_len, out);
                     run_len = 0;
-                    let e = self.entries[i];
-                    out.push(if e == Entry::Requeue {
-                        Op::Requeue(tag)
-                    } else {
-                        Op::Reject(tag)
-                    });
+                    out.push(self.entries[i].single(tag).expect("a settle"));
                     self.entries[i] = Entry::Settled;
                     self.held -= 1;
                     self.open -= 1;
@@ -220,11 +236,8 @@ impl Ledger {
             // Stuck above the first unsettled tag: singly.
             for j in i..self.entries.len() {
                 let tag = self.base + j as u64;
-                let op = match self.entries[j] {
-                    Entry::Ack => Op::Ack(tag),
-                    Entry::Requeue => Op::Requeue(tag),
-                    Entry::Reject => Op::Reject(tag),
-                    _ => continue,
+                let Some(op) = self.entries[j].single(tag) else {
+                    continue;
                 };
                 out.push(op);
                 self.entries[j] = Entry::Settled;
@@ -273,7 +286,10 @@ impl Ledger {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Ack,
+    /// Hand back: `basic.nack` with requeue.
     Requeue,
+    /// The handler's own requeue: `basic.reject` with requeue.
+    RejectRequeue,
     Reject,
     /// Not settled by this process (abandoned).
     Never,
@@ -288,6 +304,8 @@ impl Outcome {
     /// - reject without requeue (the queue's own dead-letter exchange, or
     ///   gone): a dead-letter whose copy was not published;
     /// - never settled (the channel's close returns it): `Abandoned`;
+    /// - requeue counted as a failure (reject with requeue): the handler's
+    ///   `Requeue`;
     /// - hand back (nack with requeue): `HandBack`, an in-process retry no
     ///   retry layer carried out, and anything newer.
     pub(crate) fn of(decision: &Decision) -> Outcome {
@@ -300,6 +318,7 @@ impl Outcome {
             Decision::DeadLetter(d) if d.published => Outcome::Ack,
             Decision::DeadLetter(_) => Outcome::Reject,
             Decision::Abandoned => Outcome::Never,
+            Decision::Requeue => Outcome::RejectRequeue,
             _ => Outcome::Requeue,
         }
     }
@@ -407,6 +426,49 @@ mod tests {
     }
 
     #[test]
+    fn a_handlers_requeue_is_a_reject_at_its_turn_and_a_hand_back_stays_a_nack() {
+        // The handler's requeue (counted by quorum queues on every version)
+        // and the drain's hand-back (a nack, not counted on RabbitMQ 4.3)
+        // each go out alone, in tag order, between the coalesced runs.
+        let mut l = ledger(10);
+        (1..=6).for_each(|t| l.receive(t));
+        let mut out = run(
+            &mut l,
+            &[
+                (1, Outcome::Ack),
+                (2, Outcome::RejectRequeue),
+                (3, Outcome::Ack),
+                (4, Outcome::Ack),
+                (5, Outcome::Requeue),
+                (6, Outcome::Ack),
+            ],
+        );
+        l.flush(true, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Op::Ack(1),
+                Op::RejectRequeue(2),
+                Op::AckUpTo { tag: 4, count: 2 },
+                Op::Requeue(5),
+                Op::Ack(6)
+            ]
+        );
+        // Above a pending tag, at the time bound: singly, as what it is.
+        let mut l = ledger(10);
+        (1..=3).for_each(|t| l.receive(t));
+        let mut out = run(&mut l, &[(2, Outcome::RejectRequeue), (3, Outcome::Ack)]);
+        assert!(out.is_empty(), "tag 1 is pending: {out:?}");
+        l.flush(true, &mut out);
+        assert_eq!(out, vec![Op::RejectRequeue(2), Op::Ack(3)]);
+        // Coalescing off: at once.
+        let mut l = ledger(0);
+        let mut out = Vec::new();
+        l.record(7, Outcome::RejectRequeue, &mut out);
+        assert_eq!(out, vec![Op::RejectRequeue(7)]);
+    }
+
+    #[test]
     fn acks_above_a_pending_tag_wait_for_the_bound_then_go_out_singly() {
         let mut l = ledger(2);
         (1..=4).for_each(|t| l.receive(t));
@@ -477,6 +539,7 @@ mod tests {
         assert_eq!(Outcome::of(&dead(true)), Outcome::Ack);
         assert_eq!(Outcome::of(&dead(false)), Outcome::Reject);
         assert_eq!(Outcome::of(&Decision::HandBack), Outcome::Requeue);
+        assert_eq!(Outcome::of(&Decision::Requeue), Outcome::RejectRequeue);
         assert_eq!(Outcome::of(&Decision::Abandoned), Outcome::Never);
     }
 
@@ -527,11 +590,12 @@ mod tests {
                             }
                             assert_eq!(covered, count, "seed {seed}: the count of the ack to {t}");
                         }
-                        Op::Ack(t) | Op::Requeue(t) | Op::Reject(t) => {
+                        Op::Ack(t) | Op::Requeue(t) | Op::RejectRequeue(t) | Op::Reject(t) => {
                             assert!(t > 0);
                             let want = match op {
                                 Op::Ack(_) => Outcome::Ack,
                                 Op::Requeue(_) => Outcome::Requeue,
+                                Op::RejectRequeue(_) => Outcome::RejectRequeue,
                                 _ => Outcome::Reject,
                             };
                             assert_eq!(decided[t as usize], Some(want), "seed {seed}: tag {t}");
@@ -545,6 +609,7 @@ mod tests {
                 let o = match t % 11 {
                     0 => Outcome::Requeue,
                     1 => Outcome::Reject,
+                    2 => Outcome::RejectRequeue,
                     _ => Outcome::Ack,
                 };
                 decided[*t as usize] = Some(o);

@@ -60,7 +60,8 @@
 //! |---|---|
 //! | `Ack`; a retry on a rung; a dead-letter whose copy is in `Q.dlq` | `basic.ack` (coalesced) |
 //! | a dead-letter whose copy was not published | `basic.reject`, no requeue: the queue's own dead-letter exchange takes it, or it is dropped |
-//! | `HandBack`; an in-process retry no retry layer carried out; a dropped [`Ticket`] | `basic.nack` with requeue |
+//! | `Requeue` (a handler's [`Verdict::Requeue`](crate::Verdict::Requeue)) | `basic.reject` with requeue: counted in `x-delivery-count` by quorum queues on every RabbitMQ version |
+//! | `HandBack` (a drain, the pause gate, a cancelled handler); an in-process retry no retry layer carried out; a dropped [`Ticket`] | `basic.nack` with requeue: not counted in `x-delivery-count` by RabbitMQ 4.3's quorum queues (only in `x-acquired-count`) |
 //! | `Abandoned` | nothing: the channel's close returns it to the broker |
 //!
 //! An abandoned delivery (the cancel layer gave up on a handler that ignored
@@ -71,8 +72,9 @@
 //!
 //! Acknowledgements are held and sent as one `basic.ack` with `multiple`
 //! for the longest contiguous run of acknowledged tags from the lowest
-//! unsettled one; a nack or reject goes out alone, at its turn, after the
-//! run before it. What is held goes out when a run reaches the count
+//! unsettled one; a nack or reject (with requeue or without) goes out
+//! alone, at its turn, after the run before it: neither has a `multiple`
+//! flag here (`basic.reject` has none at all). What is held goes out when a run reaches the count
 //! bound, when the time bound passes (an acknowledgement held above a lower
 //! tag that is not decided yet then goes out on its own, so a slow handler
 //! never stalls the others), as soon as every tracked delivery is decided

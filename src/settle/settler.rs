@@ -112,8 +112,9 @@ pub struct SettleReport {
     /// `basic.ack` frames sent for them: `acked / ack_frames` is the
     /// coalescing achieved.
     pub ack_frames: u64,
-    /// Deliveries handed back on the wire (`basic.nack` with requeue),
-    /// dropped tickets included.
+    /// Deliveries requeued on the wire: handed back (`basic.nack` with
+    /// requeue, dropped tickets included) or requeued by their handler
+    /// (`basic.reject` with requeue).
     pub requeued: u64,
     /// Deliveries rejected without requeue on the wire (`basic.reject`).
     pub rejected: u64,
@@ -393,7 +394,7 @@ fn count_sent(shared: &Shared, op: Op) {
             Shared::add(&shared.acked, count as u64);
             Shared::add(&shared.ack_frames, 1);
         }
-        Op::Requeue(_) => Shared::add(&shared.requeued, 1),
+        Op::Requeue(_) | Op::RejectRequeue(_) => Shared::add(&shared.requeued, 1),
         Op::Reject(_) => Shared::add(&shared.rejected, 1),
     }
 }

@@ -45,6 +45,11 @@ pub(crate) async fn send_op(channel: &Channel, op: Op) -> lapin::Result<()> {
                 )
                 .await
         }
+        Op::RejectRequeue(tag) => {
+            channel
+                .basic_reject(tag, BasicRejectOptions { requeue: true })
+                .await
+        }
         Op::Reject(tag) => {
             channel
                 .basic_reject(tag, BasicRejectOptions { requeue: false })

@@ -7,6 +7,15 @@
 //! these returns in the `x-delivery-count` header
 //! ([`DELIVERY_COUNT_HEADER`](crate::headers::DELIVERY_COUNT_HEADER)).
 //!
+//! RabbitMQ 4.3 (from its release notes and quorum queue guide; only 4.0
+//! runs here) splits that count in two: `x-delivery-count` counts only
+//! failures (`basic.reject`, a lost channel or connection), no longer a
+//! `basic.nack` with requeue nor a consumer timeout, and the new
+//! `x-acquired-count`
+//! ([`ACQUIRED_COUNT_HEADER`](crate::headers::ACQUIRED_COUNT_HEADER))
+//! counts every return. The bound reads both and takes the larger, so it
+//! counts on 4.3 what it counts on 3.x and 4.0: every return.
+//!
 //! [`RedeliveryLimitLayer`] reads it: a delivery whose count exceeds the
 //! bound becomes [`Decision::DeadLetter`](crate::Decision::DeadLetter) with
 //! reason [`Reason::Redelivered`](crate::Reason::Redelivered) *without
@@ -17,8 +26,17 @@
 //! The count also grows with every drain hand-back, pause hand-back and
 //! reconnect requeue, so it is its own bound ([`DEFAULT_MAX_REDELIVERIES`],
 //! 50), not `max_attempts`: deploys must not use up a message's attempts.
-//! Rung and dead-letter copies never carry `x-delivery-count` (the copy is
-//! a new message to the broker), so a retried message starts counting again.
+//! Rung and dead-letter copies never carry `x-delivery-count` nor
+//! `x-acquired-count` (the copy is a new message to the broker), so a
+//! retried message starts counting again.
+//!
+//! # The broker's own limit
+//!
+//! Quorum queues have a delivery limit of their own (`x-delivery-limit`,
+//! 20 by default since RabbitMQ 4.0, none before). The `acemq` crate
+//! declares its quorum queues with a limit above this bound, so this layer
+//! fires first and the message is dead-lettered with reason `redelivered`;
+//! the broker's limit is the backstop.
 //!
 //! The same layer bounds a second kind of return that no header counts: a
 //! message whose acknowledgement the broker timed out (`consumer_timeout`)

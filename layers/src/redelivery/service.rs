@@ -6,7 +6,7 @@ use super::future::ResponseFuture;
 use super::{ConsumerTimeoutStrikes, RedeliveryLimitLayer};
 use crate::decision::{DeadLetterDecision, Decision, Reason};
 use crate::delivery::Delivery;
-use crate::headers::DELIVERY_COUNT_HEADER;
+use crate::headers::{Headers, ACQUIRED_COUNT_HEADER, DELIVERY_COUNT_HEADER};
 
 /// Dead-letters a delivery redelivered more than `max` times instead of
 /// calling `S`; see the [module docs](super).
@@ -68,25 +68,22 @@ where
         if let Some(decision) = struck_out(&delivery) {
             return ResponseFuture::limited(decision);
         }
-        let count = delivery
-            .headers()
-            .get(DELIVERY_COUNT_HEADER)
-            .and_then(|v| v.as_i64());
-        match count {
-            Some(n) if n > i64::from(self.max) => {
+        match redeliveries(delivery.headers()) {
+            Some((n, header)) if n > i64::from(self.max) => {
                 tracing::warn!(
                     queue = %delivery.queue(),
                     message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
-                    delivery_count = n,
+                    redeliveries = n,
+                    header,
                     max_redeliveries = self.max,
-                    "delivery redelivered {n} times, above max_redeliveries ({}); \
+                    "delivery redelivered {n} times ({header}), above max_redeliveries ({}); \
                      dead-lettering it without calling the handler",
                     self.max
                 );
                 ResponseFuture::limited(Decision::DeadLetter(DeadLetterDecision {
                     reason: Reason::Redelivered,
                     error: format!(
-                        "redelivered {n} times (x-delivery-count), above max_redeliveries ({}): \
+                        "redelivered {n} times ({header}), above max_redeliveries ({}): \
                          the handler was not called; a message that crashes the process, or \
                          one handed back again and again",
                         self.max
@@ -120,4 +117,100 @@ fn struck_out(delivery: &Delivery) -> Option<Decision> {
             published: false,
         })
     })
+/// How many times the broker says this message came back, and the header
+/// that says so: the larger of `x-delivery-count` and `x-acquired-count`
+/// (RabbitMQ 4.3 counts every return in the latter, only failures in the
+/// former; earlier versions send only the former, counting every return).
+/// `None` without either header (classic queues, first deliveries).
+pub(crate) fn redeliveries(headers: &Headers) -> Option<(i64, &'static str)> {
+    let read = |name: &'static str| {
+        headers
+            .get(name)
+            .and_then(|v| v.as_i64())
+            .map(|n| (n, name))
+    };
+    match (read(DELIVERY_COUNT_HEADER), read(ACQUIRED_COUNT_HEADER)) {
+        (Some(d), Some(a)) => Some(if a.0 > d.0 { a } else { d }),
+        (d, a) => d.or(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The RabbitMQ 4.3 headers are synthetic here: taken from its release
+    //! notes and quorum queue guide (`x-acquired-count` counts every return,
+    //! `x-delivery-count` only failures); only 4.0 runs on this machine.
+
+    use super::*;
+    use crate::headers::Value;
+
+    fn headers(entries: &[(&str, Value)]) -> Headers {
+        let mut h = Headers::new();
+        for (k, v) in entries {
+            h.insert(*k, v.clone());
+        }
+        h
+    }
+
+    #[test]
+    fn without_either_header_there_is_no_count() {
+        assert_eq!(redeliveries(&Headers::new()), None);
+    }
+
+    #[test]
+    fn before_4_3_the_delivery_count_alone_is_read() {
+        let h = headers(&[(DELIVERY_COUNT_HEADER, Value::I64(7))]);
+        assert_eq!(redeliveries(&h), Some((7, DELIVERY_COUNT_HEADER)));
+    }
+
+    #[test]
+    fn on_4_3_nacked_returns_are_seen_through_the_acquired_count() {
+        // Six hand-backs by nack (not counted as failures on 4.3) and one
+        // reject: x-delivery-count 1, x-acquired-count 7.
+        let h = headers(&[
+            (DELIVERY_COUNT_HEADER, Value::I64(1)),
+            (ACQUIRED_COUNT_HEADER, Value::I64(7)),
+        ]);
+        assert_eq!(redeliveries(&h), Some((7, ACQUIRED_COUNT_HEADER)));
+        // Only nacks: 4.3 sends no x-delivery-count at all.
+        let h = headers(&[(ACQUIRED_COUNT_HEADER, Value::I32(3))]);
+        assert_eq!(redeliveries(&h), Some((3, ACQUIRED_COUNT_HEADER)));
+    }
+
+    #[test]
+    fn the_larger_count_wins_whichever_header_carries_it() {
+        let h = headers(&[
+            (DELIVERY_COUNT_HEADER, Value::I64(9)),
+            (ACQUIRED_COUNT_HEADER, Value::I64(4)),
+        ]);
+        assert_eq!(redeliveries(&h), Some((9, DELIVERY_COUNT_HEADER)));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_4_3_delivery_past_the_bound_by_its_acquired_count_is_dead_lettered() {
+        use tower::{ServiceBuilder, ServiceExt};
+        let svc = ServiceBuilder::new()
+            .layer(RedeliveryLimitLayer::new(3))
+            .service_fn(|_: Delivery| async { Ok::<_, std::io::Error>(Decision::Ack) });
+        let h = headers(&[
+            (DELIVERY_COUNT_HEADER, Value::I64(0)),
+            (ACQUIRED_COUNT_HEADER, Value::I64(4)),
+        ]);
+        let d = Delivery::builder().queue("q").headers(h).build();
+        let Decision::DeadLetter(dl) = svc.oneshot(d).await.unwrap() else {
+            panic!("not dead-lettered")
+        };
+        assert_eq!(dl.reason, Reason::Redelivered);
+        assert!(dl.error.contains("x-acquired-count"), "{}", dl.error);
+        let at_bound = headers(&[(ACQUIRED_COUNT_HEADER, Value::I64(3))]);
+        let svc = ServiceBuilder::new()
+            .layer(RedeliveryLimitLayer::new(3))
+            .service_fn(|_: Delivery| async { Ok::<_, std::io::Error>(Decision::Ack) });
+        let d = Delivery::builder().queue("q").headers(at_bound).build();
+        assert_eq!(
+            svc.oneshot(d).await.unwrap(),
+            Decision::Ack,
+            "at the bound: called"
+        );
+    }
 }
