@@ -10,6 +10,7 @@ pub(crate) mod backoff;
 pub mod connection;
 pub mod convert;
 pub mod delay;
+pub(crate) mod delivery_limit;
 pub(crate) mod otel;
 pub mod publisher;
 pub(crate) mod span;

@@ -15,6 +15,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Connection;
 
+use super::delivery_limit::{self, Wanted};
 use crate::config::{ArgValue, Arguments, Config, ExchangeKind, QueueConfig, QueueType};
 
 /// One queue to declare, with its arguments.
@@ -27,6 +28,9 @@ pub struct QueueDecl {
     pub arguments: FieldTable,
     /// Only check that it exists (`passive`), declaring nothing.
     pub passive: bool,
+    /// The `x-delivery-limit` acemq put in `arguments` (a quorum queue or
+    /// its dead-letter queue; not one the config's own `arguments` set).
+    pub(crate) delivery_limit: Option<Wanted>,
 }
 
 /// One exchange to declare.
@@ -127,15 +131,28 @@ impl Topology {
         }
     }
 
-    /// The declarations for one queue.
+    /// The declarations for one queue. A quorum queue carries
+    /// `x-delivery-limit` = `max_redeliveries` + 10 (so acemq's bound, with
+    /// its reason `redelivered`, fires before the broker's) and its quorum
+    /// dead-letter queue 10,000, unless the config's `arguments` set one;
+    /// rungs carry none (nothing consumes them).
     pub fn for_queue(q: &QueueConfig) -> Vec<QueueDecl> {
         let mut out = Vec::new();
+        let quorum = q.kind == QueueType::Quorum;
         let mut main = type_args(q.kind);
         if q.dead_letter {
             main.push(("x-dead-letter-exchange", str_arg("")));
             main.push(("x-dead-letter-routing-key", str_arg(&q.dlq_name())));
         }
         let mut arguments = table(main);
+        let own_limit = q.arguments.contains_key(delivery_limit::ARGUMENT);
+        let mut main_limit = None;
+        if quorum && !own_limit {
+            let wanted = Wanted::main(q.max_redeliveries);
+            let (k, v) = wanted.argument();
+            arguments.insert(k, v);
+            main_limit = Some(wanted);
+        }
         for (k, v) in &q.arguments {
             arguments.insert(ShortString::from(k.as_str()), arg_value(v));
         }
@@ -143,12 +160,20 @@ impl Topology {
             name: q.name.clone(),
             arguments,
             passive: q.passive,
+            delivery_limit: main_limit,
         });
         if q.dead_letter {
+            let mut arguments = table(type_args(q.kind));
+            let dlq_limit = quorum.then(Wanted::dlq);
+            if let Some(wanted) = dlq_limit {
+                let (k, v) = wanted.argument();
+                arguments.insert(k, v);
+            }
             out.push(QueueDecl {
                 name: q.dlq_name(),
-                arguments: table(type_args(q.kind)),
+                arguments,
                 passive: q.passive,
+                delivery_limit: dlq_limit,
             });
         }
         for (name, delay) in q.rungs() {
@@ -156,6 +181,7 @@ impl Topology {
                 name,
                 arguments: table(rung_args(q, delay)),
                 passive: q.passive,
+                delivery_limit: None,
             });
         }
         out
@@ -353,22 +379,75 @@ fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)>
 }
 
 /// Declares one queue on a channel of its own (a refused declare closes the
-/// channel it was made on).
+/// channel it was made on). A quorum queue that exists without the
+/// `x-delivery-limit` acemq gives it (or with one at or below
+/// `max_redeliveries`) is declared as it is, every other argument still
+/// checked, with a warning once per queue that gives the `rabbitmqctl
+/// set_policy` command for the limit; never an error (RabbitMQ checks
+/// `x-delivery-limit` for equivalence, 3.10 too).
 pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), TopologyError> {
+    let arguments = if d.passive {
+        FieldTable::default()
+    } else {
+        d.arguments.clone()
+    };
+    let first = declare_with(conn, d, arguments, d.passive).await;
+    let (wanted, message) = match (&first, d.delivery_limit) {
+        (
+            Err(TopologyError::Conflict {
+                argument, message, ..
+            }),
+            Some(wanted),
+        ) if argument == delivery_limit::ARGUMENT && !d.passive => (wanted, message.clone()),
+        _ => return first,
+    };
+    // The queue exists with another limit, or none: declare it as it is,
+    // every other argument still checked.
+    let Some(current) = delivery_limit::current_limit(&message) else {
+        declare_with(conn, d, FieldTable::default(), true).await?;
+        delivery_limit::warn_once(&d.name, None, wanted);
+        return Ok(());
+    };
+    let mut arguments = d.arguments.clone();
+    let (key, _) = wanted.argument();
+    let mut map = arguments.inner().clone();
+    map.remove(&key);
+    if let Some(n) = current {
+        map.insert(key, AMQPValue::LongLongInt(n));
+    }
+    arguments = FieldTable::from(map);
+    match declare_with(conn, d, arguments, false).await {
+        Err(TopologyError::Conflict { argument, .. }) if argument == delivery_limit::ARGUMENT => {
+            // Its limit has another integer type: only check it exists.
+            declare_with(conn, d, FieldTable::default(), true).await?;
+        }
+        other => other?,
+    }
+    if !delivery_limit::enough(current, wanted) {
+        delivery_limit::warn_once(&d.name, current, wanted);
+    } else {
+        tracing::debug!(queue = %d.name, delivery_limit = ?current, "the queue keeps the delivery limit it was created with");
+    }
+    Ok(())
+}
+
+/// One `queue.declare` of `d` with `arguments` on a channel of its own.
+async fn declare_with(
+    conn: &Connection,
+    d: &QueueDecl,
+    arguments: FieldTable,
+    passive: bool,
+) -> Result<(), TopologyError> {
     let channel = open_channel(conn, &d.name).await?;
     let res = channel
         .queue_declare(
             d.name.as_str().into(),
             QueueDeclareOptions {
                 durable: true,
-                passive: d.passive,
+                passive,
                 ..QueueDeclareOptions::default()
             },
-            if d.passive {
-                FieldTable::default()
-            } else {
-                d.arguments.clone()
-            },
+            arguments,
         )
         .await;
     match res {
@@ -392,7 +471,7 @@ pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), Topolog
                     message,
                 })
             }
-            Some((NOT_FOUND, message)) if d.passive => Err(TopologyError::Missing {
+            Some((NOT_FOUND, message)) if passive => Err(TopologyError::Missing {
                 queue: d.name.clone(),
                 message,
             }),

@@ -16,6 +16,7 @@ mod bad_input;
 mod config_load;
 mod dead_letter;
 mod delay;
+mod delivery_limit;
 mod drain;
 mod factory;
 mod faults;

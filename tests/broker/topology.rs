@@ -335,16 +335,20 @@ async fn a_quorum_queue_round_trips_and_its_rung_and_dlq_are_quorum_with_at_leas
         .await
         .expect_err("another strategy is refused");
     assert!(err.to_string().contains("x-dead-letter-strategy"), "{err}");
+    // The dead-letter queue's delivery limit is high: nothing loops on it.
+    let limit = |n| ("x-delivery-limit", AMQPValue::LongLongInt(n));
     broker
-        .declare(&dlq, field_table(vec![quorum()]))
+        .declare(&dlq, field_table(vec![quorum(), limit(10_000)]))
         .await
-        .expect("the dlq is quorum");
+        .expect("the dlq is quorum with a delivery limit of 10000");
+    // Q's is above max_redeliveries (50), so acemq's bound fires first.
     let mut main = main_args(&q);
     main.insert("x-queue-type".into(), long_str("quorum"));
+    main.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(60));
     broker
         .declare(&q, main)
         .await
-        .expect("Q is quorum with DLX");
+        .expect("Q is quorum with DLX and a delivery limit of 60");
 
     broker.publish(&q, b"plain", FieldTable::default()).await;
     broker.publish(&q, b"retry me", FieldTable::default()).await;
