@@ -42,6 +42,7 @@
 //! ```
 
 pub(crate) mod address;
+mod broker_args;
 pub mod duration;
 mod error;
 mod load;

@@ -101,6 +101,9 @@ impl Config {
         }
         self.validate_limits()?;
         self.validate_routing()?;
+        self.argument_warnings()
+            .iter()
+            .for_each(|w| tracing::warn!("{w}"));
         Ok(())
     }
 

@@ -13,6 +13,7 @@ mod admin;
 #[cfg(feature = "axum")]
 mod admin_drain;
 mod bad_input;
+mod broker_cancel;
 mod config_load;
 mod dead_letter;
 mod delay;
