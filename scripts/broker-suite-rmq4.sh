@@ -43,17 +43,12 @@ BROKER_FILTERS=(
   reliability::  # lost connections, a consumer cancelled by the broker, panics
   settle::       # the settle ledger, coalesced and not
   round_trip::   # acknowledgements coalescing into runs
+  delivery_limit:: # x-delivery-limit above max_redeliveries; a queue created without it keeps working
+  broker_cancel::  # a consumer cancelled with its channel open: old handlers never settle on the new one
 )
 # Tests of those modules left out on RabbitMQ 4, each with its reason
-# (`--skip`: a test whose name contains it does not run).
-BROKER_SKIPS=(
-  # A library gap: RabbitMQ 4.0 gives every quorum queue a default
-  # delivery-limit of 20 and acemq declares its quorum queues without
-  # x-delivery-limit, so the broker dead-letters the message after 20 returns
-  # (x-death reason delivery_limit, no x-acemq-reason) before acemq's own
-  # bound (max_redeliveries, default 50) fires. Passes on 3.10.8.
-  routing::a_quorum_message_requeued_past_twenty_times_is_dead_lettered_by_acemq_at_its_default_bound_of_fifty
-)
+# (`--skip`: a test whose name contains it does not run). None today.
+BROKER_SKIPS=()
 # tests/postgres (`--all-features`): the outbox relay publishing to AMQP_ADDR.
 POSTGRES_FILTERS=(
   relay::        # the outbox relay: confirms, unroutable rows, an unreachable broker, two relays

@@ -144,7 +144,12 @@ async fn old_handlers_never_settle_on_the_new_consumer(kind: QueueType) {
         "each handled once"
     );
     assert_eq!(broker.ready(&q).await, Some(0));
-    assert_eq!(queue_counts(&q).await, Some((0, 0)), "all settled");
+    // A quorum queue's counts in `list_queues` lag a little on 4.0.
+    assert!(
+        eventually(SECS(10), || async { queue_counts(&q).await == Some((0, 0)) }).await,
+        "all settled: {:?}",
+        queue_counts(&q).await
+    );
     let closed: Vec<_> = logs
         .acemq_at_least(tracing::Level::WARN)
         .into_iter()

@@ -414,11 +414,12 @@ async fn a_quorum_message_redelivered_past_max_redeliveries_is_dead_lettered_as_
 /// quorum queue acemq declares must not dead-letter the message earlier by a
 /// bound of the broker's own. On RabbitMQ 3.10 a quorum queue has no
 /// delivery limit unless one is set; RabbitMQ 4.0 gives every quorum queue a
-/// default `delivery-limit` of 20, so until acemq declares its quorum queues
-/// with an `x-delivery-limit` above `max_redeliveries`, the broker
-/// dead-letters the message after 20 returns, through the queue's own
-/// dead-letter arguments, without acemq's reason headers. (Left out of the
-/// RabbitMQ 4 set in scripts/broker-suite-rmq4.sh until then.)
+/// default `delivery-limit` of 20, which would dead-letter the message after
+/// 20 returns, through the queue's own dead-letter arguments, without
+/// acemq's reason headers: acemq declares its quorum queues with an
+/// `x-delivery-limit` above `max_redeliveries` (60 here), and the handler's
+/// `Verdict::Requeue` goes out as a `basic.reject`, which every version
+/// counts. Runs on both brokers (scripts/broker-suite-rmq4.sh).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_message_requeued_past_twenty_times_is_dead_lettered_by_acemq_at_its_default_bound_of_fifty(
 ) {
