@@ -146,7 +146,10 @@ async fn old_handlers_never_settle_on_the_new_consumer(kind: QueueType) {
     assert_eq!(broker.ready(&q).await, Some(0));
     // A quorum queue's counts in `list_queues` lag a little on 4.0.
     assert!(
-        eventually(SECS(10), || async { queue_counts(&q).await == Some((0, 0)) }).await,
+        eventually(SECS(10), || async {
+            queue_counts(&q).await == Some((0, 0))
+        })
+        .await,
         "all settled: {:?}",
         queue_counts(&q).await
     );

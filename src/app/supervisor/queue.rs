@@ -245,13 +245,7 @@ impl Runner<'_> {
                 Next::Again
             }
             Some(End::Lost(e)) => self.recover_lost(e).await,
-            Some(End::CancelledByBroker) => {
-                stats.down.store(true, Ordering::Release);
-                recovered(&q.name, "cancelled-by-broker");
-                let delay = self.backoff.next_delay();
-                info!(queue = %q.name, "declaring the queue again and consuming it in {delay:.1?}");
-                self.again_after(delay).await
-            }
+            Some(End::CancelledByBroker) => self.recover_cancelled().await,
             Some(End::Parked) => {
                 tokio::select! {
                     () = self.shared.intake.cancelled() => return Next::Stop,
@@ -269,6 +263,21 @@ impl Runner<'_> {
                 self.again_after(delay).await
             }
         }
+    }
+
+    /// The broker cancelled the consumer and left its channel open (a
+    /// deleted queue; RabbitMQ 4.3's consumer timeout): the queue is
+    /// declared again and consumed on a new channel. The old generation
+    /// still settles its running handlers' outcomes on its own channel,
+    /// then closes it: delivery tags are per channel, so none of them can
+    /// reach the new consumer.
+    async fn recover_cancelled(&mut self) -> Next {
+        let q = self.q;
+        self.slot.stats.down.store(true, Ordering::Release);
+        recovered(&q.name, "cancelled-by-broker");
+        let delay = self.backoff.next_delay();
+        info!(queue = %q.name, "declaring the queue again and consuming it in {delay:.1?}");
+        self.again_after(delay).await
     }
 
     /// The generation was lost: its channel alone (the broker closed it),
