@@ -135,7 +135,7 @@ pub use error::{
     display_chain, is_timeout, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
 };
 pub use headers::{Headers, Value};
-pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use in_flight::{Claim, ClaimLayer, InFlight, InFlightCounter, InFlightLayer};
 pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
 pub use pause::{Pause, PauseHandle, PauseLayer};
