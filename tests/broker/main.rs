@@ -16,6 +16,7 @@ mod dead_letter;
 mod drain;
 mod factory;
 mod faults;
+mod held;
 mod metrics_names;
 mod pause;
 mod process;
