@@ -6,6 +6,7 @@
 //! | | layer | why there |
 //! |---|---|---|
 //! | 1 | pause gate | a held delivery has not started: not in flight, handed back without touching anything below |
+//! | 1a | per-key ordering (the queue's `ordered_by`, if set) | a delivery waiting for its key's turn is held; the key is kept through in-process retries |
 //! | 2 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
 //! | 3 | claim: in-flight count and concurrency | the delivery enters the handler's side: from here it is in flight and holds one of the queue's `concurrency` permits |
 //! | 4 | dead-letter | turns "cannot be handled" into a confirmed copy in `Q.dlq` with the reason |
@@ -306,8 +307,15 @@ where
     let outer = stack
         .outer
         .layer(MapResultLayer::new(sealed).layer(attempts));
+    // `ordered_by`: a delivery waiting for its key's turn is held (before
+    // the claim), and the key is kept through in-process retries.
+    let partition = q
+        .ordered_by
+        .as_ref()
+        .map(|by| acemq_layers::PartitionLayer::new(by.key()));
     ServiceBuilder::new()
         .layer(PauseLayer::new(parts.gate))
+        .option_layer(partition)
         .layer(MapResultLayer::new(unsealed))
         .service(outer)
 }

@@ -45,6 +45,7 @@ pub(crate) mod address;
 pub mod duration;
 mod error;
 mod load;
+mod ordering;
 mod queue;
 mod routing;
 mod schema;
@@ -54,6 +55,7 @@ mod validate;
 mod validate_routing;
 
 pub use error::{ConfigError, Format};
+pub use ordering::OrderedBy;
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 pub use schema::{Config, TlsConfig};

@@ -111,6 +111,10 @@ pub struct QueueConfig {
     /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
     #[serde(default = "QueueConfig::default_max_redeliveries")]
     pub max_redeliveries: u32,
+    /// Per-key ordering: `{ header: NAME }`, `routing_key` or `message_id`
+    /// (see [`OrderedBy`](super::OrderedBy)); none by default.
+    #[serde(default)]
+    pub ordered_by: Option<super::ordering::OrderedBy>,
 }
 
 impl QueueConfig {
@@ -135,6 +139,7 @@ impl QueueConfig {
             arguments: Arguments::new(),
             bindings: Vec::new(),
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
+            ordered_by: None,
         }
     }
 

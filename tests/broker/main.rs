@@ -18,6 +18,7 @@ mod factory;
 mod faults;
 mod held;
 mod metrics_names;
+mod ordered;
 mod pause;
 mod process;
 mod proxy;
