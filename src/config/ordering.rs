@@ -21,7 +21,7 @@ use super::error::ConfigError;
 
 /// What a queue's deliveries are ordered by (`ordered_by`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "Raw", into = "Raw")]
 pub enum OrderedBy {
     /// `{ header: NAME }`: the value of this header (a string, byte array
     /// or integer; a delivery without it runs unordered).
@@ -31,6 +31,42 @@ pub enum OrderedBy {
     /// `message_id`: the message id property (a delivery without one runs
     /// unordered).
     MessageId,
+}
+
+/// The written forms: `routing_key`, `message_id`, `{ header: NAME }`
+/// (the same in YAML, TOML and JSON).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Raw {
+    Name(String),
+    Header { header: String },
+}
+
+impl TryFrom<Raw> for OrderedBy {
+    type Error = String;
+
+    fn try_from(raw: Raw) -> Result<Self, String> {
+        match raw {
+            Raw::Header { header } => Ok(OrderedBy::Header(header)),
+            Raw::Name(name) => match name.as_str() {
+                "routing_key" => Ok(OrderedBy::RoutingKey),
+                "message_id" => Ok(OrderedBy::MessageId),
+                other => Err(format!(
+                    "ordered_by: {other:?} is not a key: write `routing_key`, `message_id` or `{{ header: NAME }}`"
+                )),
+            },
+        }
+    }
+}
+
+impl From<OrderedBy> for Raw {
+    fn from(by: OrderedBy) -> Raw {
+        match by {
+            OrderedBy::Header(header) => Raw::Header { header },
+            OrderedBy::RoutingKey => Raw::Name("routing_key".into()),
+            OrderedBy::MessageId => Raw::Name("message_id".into()),
+        }
+    }
 }
 
 impl OrderedBy {
@@ -76,7 +112,15 @@ mod tests {
         let q = queue("name: q\nordered_by: message_id\n").unwrap();
         assert_eq!(q.ordered_by, Some(OrderedBy::MessageId));
         assert_eq!(queue("name: q\n").unwrap().ordered_by, None);
-        assert!(queue("name: q\nordered_by: customer\n").is_err());
+        let e = queue("name: q\nordered_by: customer\n").unwrap_err();
+        assert!(e.to_string().contains("routing_key"), "{e}");
+        let json: QueueConfig =
+            serde_json::from_str(r#"{"name": "q", "ordered_by": {"header": "x-customer"}}"#)
+                .unwrap();
+        assert_eq!(
+            json.ordered_by,
+            Some(OrderedBy::Header("x-customer".into()))
+        );
     }
 
     #[test]
