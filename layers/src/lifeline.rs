@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::future::{self, Either};
 
-use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{
     shared_static, CancellationToken, Notify, OwnedNotified, WaitForCancellationFuture,
     WaitForCancellationFutureOwned,
@@ -233,7 +233,11 @@ struct LifelineInner {
     cancellation: Option<Cancellation>,
     // Set when the transport hands back every delivery of the generation
     // that is still held (not claimed): see [`Lifeline::hand_back_held`].
-    hand_back_held: AtomicBool,
+    // std's atomic in every build: one flag, set once, read with the claim
+    // (the race is decided by the delivery's `ClaimCell` alone), and a
+    // lifeline may be a process-wide static, which a model-checked atomic
+    // cannot be.
+    hand_back_held: std::sync::atomic::AtomicBool,
 }
 
 impl Lifeline {
@@ -243,7 +247,7 @@ impl Lifeline {
             inner: Arc::new(LifelineInner {
                 lost: CancellationToken::new(),
                 cancellation: None,
-                hand_back_held: AtomicBool::new(false),
+                hand_back_held: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -255,7 +259,7 @@ impl Lifeline {
             inner: Arc::new(LifelineInner {
                 lost: CancellationToken::new(),
                 cancellation: Some(cancellation),
-                hand_back_held: AtomicBool::new(false),
+                hand_back_held: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -335,7 +339,10 @@ impl fmt::Debug for Lifeline {
 /// allocation of its own). The two writers race on one atomic and the
 /// first wins: a claim after a hand-back is refused, a hand-back after a
 /// claim does nothing.
-pub(crate) struct ClaimCell(AtomicU8);
+///
+/// std's atomic in every build (one compare-and-swap decides the race; a
+/// delivery may be built outside a model-checked execution).
+pub(crate) struct ClaimCell(std::sync::atomic::AtomicU8);
 
 const HELD: u8 = 0;
 const CLAIMED: u8 = 1;
@@ -343,7 +350,7 @@ const HANDED_BACK: u8 = 2;
 
 impl ClaimCell {
     pub(crate) fn new() -> Self {
-        ClaimCell(AtomicU8::new(HELD))
+        ClaimCell(std::sync::atomic::AtomicU8::new(HELD))
     }
 
     /// Held → claimed. `true` if the delivery is claimed (now or before),
@@ -384,7 +391,9 @@ impl Clone for ClaimCell {
     // lifeline before being cloned (`Delivery::set_lifeline`): the copy
     // starts where the original stands.
     fn clone(&self) -> Self {
-        ClaimCell(AtomicU8::new(self.0.load(Ordering::Acquire)))
+        ClaimCell(std::sync::atomic::AtomicU8::new(
+            self.0.load(Ordering::Acquire),
+        ))
     }
 }
 
