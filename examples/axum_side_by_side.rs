@@ -5,22 +5,32 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--config examples/shop.yaml] [--log-format text|json]
+//! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--admin 127.0.0.1:3001] [--config examples/shop.yaml] [--log-format text|json]
 //! curl -X POST localhost:3000/orders -H 'content-type: application/json' -d '{"id":"web-1","work_ms":300}'
-//! curl -X POST localhost:3000/admin/queues/shop.orders/pause   # the queue side holds, HTTP goes on
-//! curl localhost:3000/admin/queues/shop.orders                 # "paused": true, "held": …
-//! curl -X POST localhost:3000/admin/queues/shop.orders/resume
+//! curl -X POST localhost:3001/queues/shop.orders/pause   # the queue side holds, HTTP goes on
+//! curl localhost:3001/queues/shop.orders                 # "paused": true, "held": …
+//! curl -X POST localhost:3001/queues/shop.orders/resume
 //! ```
 //!
-//! The admin routes are acemq's (`acemq::admin::router`, feature `axum`),
-//! nested under `/admin` beside the application's own.
+//! Two servers: the application's own routes on `--http`, and acemq's admin
+//! routes (`acemq::admin::router`, feature `axum`: `/healthz`, `/readyz`,
+//! `/queues`, pause and resume) on `--admin`, where the probes and the
+//! operator go. Each stops at its own moment.
 //!
 //! One signal root, `acemq::app::Signals` (SIGTERM, SIGINT, SIGHUP and
 //! SIGQUIT), installed before start so that a signal during start-up ends it
-//! at once. At the first signal the stop order is: readiness off → the
-//! background publisher stops → axum's graceful shutdown (bounded) → the
-//! consumers drain → the connection closes. A second signal during the stop
-//! skips the drain straight to cancellation.
+//! at once. At the first signal the stop order is:
+//!
+//! 1. readiness off (`/readyz` answers 503 from here on);
+//! 2. the background publisher stops;
+//! 3. the application's routes stop: axum's graceful shutdown of `--http`
+//!    finishes the requests in progress (bounded) and takes no new ones;
+//! 4. the consumers drain — the admin server still answers, `/readyz` 503,
+//!    pause and resume 409;
+//! 5. once the drain has ended (`Health::drained`), the admin server stops.
+//!
+//! A second signal during the stop skips the drain straight to
+//! cancellation.
 //!
 //! `--log-format json` writes the log lines (stderr) as one JSON object per
 //! line; `text` is the default.
@@ -48,10 +58,13 @@ use tower::{Service, ServiceExt};
 use tracing::{info, warn};
 
 const USAGE: &str =
-    "usage: axum_side_by_side [--http ADDR] [--config FILE] [--log-format text|json]";
+    "usage: axum_side_by_side [--http ADDR] [--admin ADDR] [--config FILE] [--log-format text|json]";
 const QUEUE: &str = "shop.orders";
 /// How long axum may take to finish its requests after readiness went off.
 const HTTP_GRACE: Duration = Duration::from_secs(5);
+/// How long the admin server may take to finish its requests once the drain
+/// has ended.
+const ADMIN_GRACE: Duration = Duration::from_secs(2);
 
 /// An order, whichever door it came in by.
 #[derive(Debug, Deserialize)]
@@ -116,6 +129,7 @@ async fn main() -> ExitCode {
         }
     };
     let mut http: SocketAddr = ([127, 0, 0, 1], 3000).into();
+    let mut admin: SocketAddr = ([127, 0, 0, 1], 3001).into();
     let mut config_path = "examples/shop.yaml".to_owned();
     let mut args = args.into_iter();
     while let Some(a) = args.next() {
@@ -125,6 +139,11 @@ async fn main() -> ExitCode {
                     .parse()
                     .expect("--http takes an address such as 127.0.0.1:3000")
             }
+            ("--admin", Some(v)) => {
+                admin = v
+                    .parse()
+                    .expect("--admin takes an address such as 127.0.0.1:3001")
+            }
             ("--config", Some(v)) => config_path = v,
             _ => {
                 eprintln!("{USAGE}");
@@ -132,11 +151,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    logging::init(
-        log_format,
-        "info,acemq::consumer=warn,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let config = match Config::from_path(&config_path) {
         Ok(c) => c,
         Err(e) => {
@@ -172,25 +187,36 @@ async fn main() -> ExitCode {
         Err(e) => return acemq::app::start_failed(&e),
     };
 
-    // The HTTP side: POST /orders runs the same service; acemq's admin
-    // router, nested under /admin, answers readiness (which follows the
-    // drain), the queues' snapshots, pause and resume.
+    // The HTTP side: POST /orders runs the same service, stopped before the
+    // drain by its own token.
     let http_stop = CancellationToken::new();
-    let router = Router::new()
+    let orders_router = Router::new()
         .route("/orders", post(post_order))
-        .with_state(orders.clone())
-        .nest("/admin", acemq::admin::router(running.health()));
-    let listener = match tokio::net::TcpListener::bind(http).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("axum_side_by_side: cannot bind {http}: {e}");
+        .with_state(orders.clone());
+    // acemq's admin router on its own address: readiness (which follows the
+    // drain), the queues' snapshots, pause and resume. It stops when the
+    // drain has ended.
+    let health = running.health();
+    let admin_router = acemq::admin::router(health.clone());
+    let (listener, admin_listener) = match (
+        tokio::net::TcpListener::bind(http).await,
+        tokio::net::TcpListener::bind(admin).await,
+    ) {
+        (Ok(l), Ok(a)) => (l, a),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("axum_side_by_side: cannot bind {http} and {admin}: {e}");
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    info!(%http, "serving POST /orders and /admin/{{healthz,readyz,queues}}");
+    info!(%http, %admin, "serving POST /orders on http, /healthz /readyz /queues on admin");
     let server = tokio::spawn(
-        axum::serve(listener, router)
+        axum::serve(listener, orders_router)
             .with_graceful_shutdown(http_stop.clone().cancelled_owned())
+            .into_future(),
+    );
+    let admin_server = tokio::spawn(
+        axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(health.drained())
             .into_future(),
     );
 
@@ -224,10 +250,13 @@ async fn main() -> ExitCode {
     running.stop_readiness();
     publisher_stop.cancel();
     let _ = publisher.await;
+    // The application's routes first; the admin routes answer on.
     http_stop.cancel();
     match tokio::time::timeout(HTTP_GRACE, server).await {
-        Ok(_) => info!("axum finished its requests"),
-        Err(_) => warn!("axum did not finish within {HTTP_GRACE:?}; draining the consumers anyway"),
+        Ok(_) => info!("the order routes finished their requests and stopped"),
+        Err(_) => warn!(
+            "the order routes did not finish within {HTTP_GRACE:?}; draining the consumers anyway"
+        ),
     }
     // A second signal (during the steps above too: it waits in `signals`)
     // skips the drain straight to cancellation and abandon.
@@ -239,6 +268,11 @@ async fn main() -> ExitCode {
         );
     };
     let result = running.drain_with(hurry).await;
+    // The drain has ended: the admin server is stopping.
+    match tokio::time::timeout(ADMIN_GRACE, admin_server).await {
+        Ok(_) => info!("the admin routes stopped"),
+        Err(_) => warn!("the admin routes did not stop within {ADMIN_GRACE:?}"),
+    }
     info!(
         handled = orders.handled.load(Ordering::Relaxed),
         "orders handled in all"

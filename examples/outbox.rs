@@ -19,6 +19,16 @@
 //! `order-<id>-created`. `--no-http`, `--no-relay` and `--no-consumer` run
 //! parts alone (the process tests run each part in its own process).
 //!
+//! The consumer's handler records a shipment, and enqueues an
+//! `order.shipped` message to `<queue>.shipped` (declared by the consumer,
+//! not consumed here) on the inbox's transaction: the work, the inbox's mark
+//! and the follow-up commit together or not at all.
+//!
+//! The relay runs by hand here, beside the `App` (a relay-only process, and a
+//! test hook in its publisher); a service gives it to the runner with
+//! `App::outbox(pool, RelayConfig::default())`, which starts it once the
+//! topology is declared and stops it before the consumers drain.
+//!
 //! It runs until a stop signal (`acemq::app::Signals`: SIGTERM, SIGINT,
 //! SIGHUP or SIGQUIT, installed before the consumer starts, so a signal
 //! during its start-up ends it at once), then stops HTTP, the relay and the
@@ -197,19 +207,27 @@ impl OutboxPublish for Hooked {
     }
 }
 
-/// The consumer's own work: a shipment row, in the inbox's transaction.
+/// The consumer's own work, in the inbox's transaction, committed together
+/// with the inbox's mark: a shipment row, and an `order.shipped` message to
+/// `<queue>.shipped` through the outbox (the relay publishes it once the
+/// transaction commits, and never if it rolls back).
 async fn ship(delivery: Delivery) -> Result<(), BoxError> {
     let order: Order = serde_json::from_slice(delivery.body())
         .map_err(|e| Reject::new(format!("not an order: {e}")))?;
     let message_id = delivery.properties().message_id.clone().unwrap_or_default();
     let tx = PgTransaction::of(&delivery)?;
-    tx.client()
-        .await
+    let client = tx.client().await;
+    client
         .execute(
             "INSERT INTO shipments (order_id, message_id) VALUES ($1, $2)",
             &[&order.id, &message_id],
         )
         .await?;
+    let shipped =
+        OutboxMessage::to_queue(format!("{}.shipped", delivery.queue()), order.id.clone())
+            .kind("order.shipped")
+            .message_id(format!("order-{}-shipped", order.id));
+    client.enqueue(&shipped).await?;
     println!("shipped {} {message_id}", order.id);
     Ok(())
 }
@@ -223,7 +241,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    logging::init(args.log_format, "info,lapin=warn", std::io::stderr);
+    logging::init(args.log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let settings = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DB.to_owned());
     let pool = match prepare_database(&settings).await {
         Ok(p) => p,
@@ -246,7 +264,11 @@ async fn main() -> ExitCode {
     let mut signals = acemq::app::Signals::install();
     // The consumer first: it declares the queue the relay publishes to.
     let running = if args.consumer {
-        let yaml = format!("queues:\n  - name: {}\n    concurrency: 4\n", args.queue);
+        // `<queue>.shipped` receives the follow-ups; nothing consumes it here.
+        let yaml = format!(
+            "queues:\n  - name: {q}\n    concurrency: 4\n  - name: {q}.shipped\n    consume: false\n",
+            q = args.queue
+        );
         let config = Config::from_yaml_str(&yaml).expect("a valid config");
         let pause = hook("ACEMQ_EXAMPLE_PAUSE_AFTER_COMMIT");
         let handler = ServiceBuilder::new()

@@ -166,7 +166,7 @@ async fn main() -> Result<(), BoxError> {
             _ => return Err(USAGE.into()),
         }
     }
-    logging::init(log_format, "info", std::io::stdout);
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stdout);
 
     // Before connecting: a stop signal during start-up ends it at once, and
     // one during the stop hurries it.

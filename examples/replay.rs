@@ -9,7 +9,7 @@
 //!
 //! `AMQP_ADDR` names the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! `REASON` is one of `rejected`, `max-attempts`, `panic`, `timeout`,
-//! `redelivered`: only messages dead-lettered for it are moved, the rest
+//! `redelivered`, `transaction-ended`: only messages dead-lettered for it are moved, the rest
 //! stay. Each message is published back with a confirm before it is removed
 //! from the dead-letter queue, so stopping the command at any point loses
 //! nothing (at worst one message is in both queues).
@@ -29,7 +29,7 @@ use acemq::connection::amqp_addr_from_env;
 use acemq::replay::{replay_dead_letters, ReplayOptions};
 use acemq::Reason;
 
-const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered] [--limit N] [--log-format text|json]";
+const USAGE: &str = "usage: replay QUEUE [--reason rejected|max-attempts|panic|timeout|redelivered|transaction-ended|consumer-timeout] [--limit N] [--log-format text|json]";
 
 fn parse(args: &[String]) -> Result<(String, ReplayOptions), String> {
     let mut queue = None;
@@ -74,7 +74,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    logging::init(log_format, "info", std::io::stderr);
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     match replay_dead_letters(&amqp_addr_from_env(), &queue, options).await {
         Ok(report) => {
             println!("{report}");

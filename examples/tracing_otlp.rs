@@ -78,9 +78,7 @@ async fn main() -> ExitCode {
         Box::new(BaggagePropagator::new()),
     ]));
     tracing_subscriber::registry()
-        .with(logging::env_filter(
-            "info,acemq::consumer=warn,lapin::returned_messages=off",
-        ))
+        .with(logging::env_filter(acemq::log::DEFAULT_FILTER))
         .with(logging::layer(log_format, std::io::stderr))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("tracing_otlp")))
         .init();

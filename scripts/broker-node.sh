@@ -3,7 +3,7 @@
 # rabbitmq-server, for the tests whose faults touch a whole broker (memory
 # alarm, a short consumer_timeout, a broker restart, node loss).
 #
-#   scripts/broker-node.sh up     NAME PORT [EXTRA_CONF_FILE]
+#   scripts/broker-node.sh up     NAME PORT [EXTRA_CONF_FILE [ADVANCED_CONFIG_FILE]]
 #   scripts/broker-node.sh down   NAME PORT
 #   scripts/broker-node.sh status NAME PORT
 #   scripts/broker-node.sh pid    NAME PORT   (the node's beam.smp)
@@ -15,7 +15,11 @@
 # (`/usr/sbin/rabbitmq-server` switches to it; the Erlang cookie in
 # /var/lib/rabbitmq is then shared with the default broker and rabbitmqctl).
 # EXTRA_CONF_FILE is appended to the node's rabbitmq.conf (e.g. a line
-# `consumer_timeout = 5000`). One scheduler (`+S 1:1`): the machine has 2 cores.
+# `consumer_timeout = 5000`). ADVANCED_CONFIG_FILE becomes the node's
+# advanced.config, for settings rabbitmq.conf cannot take on 3.10 (e.g.
+# `[{rabbit, [{channel_tick_interval, 1000}]}].`, so consumer_timeout is
+# checked every second rather than every minute). One scheduler (`+S 1:1`):
+# the machine has 2 cores.
 #
 # `up` is idempotent (a node already up is left as it is; a node that was
 # killed is started again on its data) and waits until the node accepts AMQP; `down` stops the node (kill -9 after 30 s) and removes its
@@ -24,16 +28,16 @@
 #
 # Ports used by acemq's tests (nothing else may use them): the fault-test node
 # 5690 (dist 25690), the bench node 5695 (dist 25695), the cluster 5681–5683
-# (dist 25681–25683).
+# (dist 25681–25683), the consumer-timeout node 5720 (dist 25720).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 up|down|status NAME PORT [EXTRA_CONF_FILE]" >&2
+  echo "usage: $0 up|down|status NAME PORT [EXTRA_CONF_FILE [ADVANCED_CONFIG_FILE]]" >&2
   exit 64
 }
 
 [ $# -ge 3 ] || usage
-cmd=$1 name=$2 port=$3 extra=${4:-}
+cmd=$1 name=$2 port=$3 extra=${4:-} advanced=${5:-}
 case "$name" in *[!A-Za-z0-9_-]*|"") echo "broker-node: NAME must be letters, digits, - or _ (got '$name')" >&2; exit 64 ;; esac
 case "$port" in *[!0-9]*|"") echo "broker-node: PORT must be a number (got '$port')" >&2; exit 64 ;; esac
 if [ "$port" -eq 5672 ] || [ "$name" = rabbit ]; then
@@ -103,6 +107,12 @@ up() {
       cat "$extra"
     fi
   } >"$dir/rabbitmq.conf"
+  local advanced_env=""
+  if [ -n "$advanced" ]; then
+    [ -r "$advanced" ] || { echo "broker-node: cannot read $advanced" >&2; exit 66; }
+    cp "$advanced" "$dir/advanced.config"
+    advanced_env="RABBITMQ_ADVANCED_CONFIG_FILE='$dir/advanced.config'"
+  fi
   # The node's environment; /etc/rabbitmq/rabbitmq-env.conf is replaced by an
   # empty one so it cannot pin the node name of the default broker.
   : >"$dir/rabbitmq-env.conf"
@@ -112,6 +122,7 @@ RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
 RABBITMQ_NODE_PORT=$port
 RABBITMQ_DIST_PORT=$dist
 RABBITMQ_CONFIG_FILE='$dir/rabbitmq.conf'
+$advanced_env
 RABBITMQ_CONF_ENV_FILE='$dir/rabbitmq-env.conf'
 RABBITMQ_MNESIA_BASE='$dir/mnesia'
 RABBITMQ_MNESIA_DIR='$dir/mnesia/$node'

@@ -34,16 +34,18 @@ pub mod config;
 mod consumer;
 #[cfg(feature = "postgres")]
 pub mod inbox;
+pub mod log;
 mod ops;
 #[cfg(feature = "postgres")]
 pub mod outbox;
+pub mod rpc;
 pub mod settle;
 pub mod stack;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
 // The public paths, kept where users found them.
-pub use amqp::{connection, convert, publisher, topology};
+pub use amqp::{connection, convert, delay, publisher, topology};
 pub use app::{drain, health};
 #[cfg(feature = "axum")]
 pub use ops::admin;
@@ -63,7 +65,7 @@ pub use health::{Health, HealthSnapshot, UnknownQueue};
 /// [connection factory](App::connection_factory) or
 /// [`Publisher::publish_lapin`] without a lapin dependency of your own.
 pub use lapin;
-pub use publisher::Publisher;
+pub use publisher::{PublishOptions, Publisher};
 pub use settle::Settler;
 pub use stack::{Outcome, QueueStack};
 

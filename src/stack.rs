@@ -78,6 +78,41 @@
 //!     .await
 //! # }
 //! ```
+//!
+//! # Naming the type
+//!
+//! To share a stack between `main` and your tests, name its type. Each
+//! [`outer`](QueueStack::outer) or [`inner`](QueueStack::inner) call wraps
+//! the layers so far in a `tower::layer::util::Stack`, so written by hand the
+//! type nests the other way round from the calls: the last layer added comes
+//! first. [`queue_layers!`](crate::queue_layers) writes it for you from the
+//! layers in the order you added them:
+//!
+//! ```
+//! use std::time::Duration;
+//! use acemq::{queue_layers, Outcome, QueueStack};
+//! use tower::limit::ConcurrencyLimitLayer;
+//! use tower::timeout::TimeoutLayer;
+//! use tower::util::MapResponseLayer;
+//!
+//! fn audit(outcome: Outcome) -> Outcome {
+//!     outcome
+//! }
+//!
+//! /// Read as written below: audit, then a limit; each attempt a timeout.
+//! type Layers = QueueStack<
+//!     queue_layers![MapResponseLayer<fn(Outcome) -> Outcome>, ConcurrencyLimitLayer],
+//!     queue_layers![TimeoutLayer],
+//! >;
+//!
+//! fn stack() -> Layers {
+//!     QueueStack::new()
+//!         .outer(MapResponseLayer::new(audit as fn(Outcome) -> Outcome))
+//!         .outer(ConcurrencyLimitLayer::new(4))
+//!         .inner(TimeoutLayer::new(Duration::from_secs(30)))
+//! }
+//! # let _ = stack();
+//! ```
 
 use std::fmt;
 use std::time::Duration;
@@ -319,3 +354,42 @@ where
         .layer(MapResultLayer::new(unsealed))
         .service(outer)
 }
+
+/// The type of the layers added to a [`QueueStack`] by successive
+/// [`outer`](QueueStack::outer) (or [`inner`](QueueStack::inner)) calls,
+/// written in the order of the calls: `queue_layers![A, B]` is the type
+/// `.outer(a).outer(b)` makes, `Stack<B, Stack<A, Identity>>`, and
+/// `queue_layers![]` is `Identity` (no layers). The first layer named is the
+/// outermost, as with the calls. See [Naming the type](crate::stack#naming-the-type).
+///
+/// ```
+/// use acemq::{queue_layers, QueueStack};
+/// use tower::layer::util::{Identity, Stack};
+/// use tower::limit::ConcurrencyLimitLayer;
+/// use tower::load_shed::LoadShedLayer;
+///
+/// // The same type both ways round.
+/// let by_hand: Stack<ConcurrencyLimitLayer, Stack<LoadShedLayer, Identity>> =
+///     Stack::new(ConcurrencyLimitLayer::new(4), Stack::new(LoadShedLayer::new(), Identity::new()));
+/// let named: queue_layers![LoadShedLayer, ConcurrencyLimitLayer] = by_hand;
+///
+/// let stack: QueueStack<queue_layers![LoadShedLayer, ConcurrencyLimitLayer]> = QueueStack::new()
+///     .outer(LoadShedLayer::new())
+///     .outer(ConcurrencyLimitLayer::new(4));
+/// let none: QueueStack<queue_layers![], queue_layers![]> = QueueStack::new();
+/// # let _ = (named, stack, none);
+/// ```
+#[macro_export]
+macro_rules! queue_layers {
+    (@nest [] -> $acc:ty) => { $acc };
+    (@nest [$head:ty $(, $tail:ty)*] -> $acc:ty) => {
+        $crate::queue_layers!(@nest [$($tail),*] -> $crate::stack::__Stack<$head, $acc>)
+    };
+    () => { $crate::stack::__Identity };
+    ($($layer:ty),+ $(,)?) => {
+        $crate::queue_layers!(@nest [$($layer),+] -> $crate::stack::__Identity)
+    };
+}
+
+#[doc(hidden)]
+pub use tower::layer::util::{Identity as __Identity, Stack as __Stack};

@@ -40,6 +40,12 @@
 //! # }
 //! ```
 //!
+//! A message that arrived through an exchange, with a message id, headers
+//! or other properties, or as a later attempt, is shaped with
+//! [`TestQueue::message`]:
+//! `harness.message(body).exchange("billing").routing_key("invoices.eu").message_id("inv-1").deliver().await`
+//! (see [`TestMessage`]).
+//!
 //! Compare MassTransit's in-memory test harness or Spring's
 //! `RabbitListenerTestHarness`: the same questions — was it acknowledged,
 //! retried, where, with which headers, dead-lettered with which reason —
@@ -60,6 +66,9 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::config::QueueConfig;
 use crate::stack::{Attempts, Outcome, Parts, QueueStack};
+
+mod message;
+pub use message::TestMessage;
 
 /// What the recording publisher answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -408,6 +417,25 @@ impl TestQueue {
             .delivery_tag(self.next_tag)
             .body(body)
             .build()
+    }
+
+    /// A message with `body` arriving on this queue, to shape before it is
+    /// delivered: the exchange and routing key it came by, its message id,
+    /// headers and other properties, its attempt (see [`TestMessage`]).
+    ///
+    /// ```
+    /// # use acemq::testing::TestQueue;
+    /// # use acemq::{Config, Delivery};
+    /// # let config = Config::from_yaml_str("queues: [{ name: q }]").unwrap();
+    /// # let mut harness = TestQueue::new(config.queues[0].clone(),
+    /// #     tower::service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }));
+    /// let d = harness.message("{}").exchange("billing").routing_key("invoices.eu")
+    ///     .message_id("inv-1").header("tenant", "acme").attempt(2).build();
+    /// assert_eq!((d.exchange(), d.routing_key(), d.attempt()), ("billing", "invoices.eu", 2));
+    /// assert_eq!(d.properties().message_id.as_deref(), Some("inv-1"));
+    /// ```
+    pub fn message(&mut self, body: impl Into<Bytes>) -> TestMessage<'_> {
+        TestMessage::new(self, body.into())
     }
 
     /// Runs `body` through the stack; see [`deliver`](Self::deliver).

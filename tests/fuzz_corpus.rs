@@ -91,11 +91,8 @@ fn a_missing_or_empty_corpus_directory_fails_the_replay() {
 }
 
 // ---------------------------------------------------------------------------
-// Findings. Each is a bug in library code this effort may not change, so it
-// is an ignored test naming the input and the failure; the property in
-// fuzz/props/ skips that one shape of input (a comment there names the test)
-// so the fuzzer can go on past it. Fix the library, remove the skip and the
-// `#[ignore]`.
+// Findings: each input the fuzzer or the properties found, spelled out, with
+// what must hold of it (fuzz/README.md lists them).
 // ---------------------------------------------------------------------------
 
 /// The panic message of `f`, if it panics.
@@ -111,8 +108,6 @@ fn panic_of(f: impl FnOnce() + std::panic::UnwindSafe) -> Option<String> {
 }
 
 #[test]
-#[ignore = "panics: `ShortString exceeds maximum length: ShortStringError(256)` \
-            (acemq::convert::table_from_headers, src/amqp/convert.rs)"]
 fn a_header_name_longer_than_255_bytes_does_not_panic_table_from_headers() {
     // A handler's or producer's header (Publisher::publish_with_headers, a
     // rung or dead-letter copy of it) goes through this conversion; a name
@@ -123,11 +118,11 @@ fn a_header_name_longer_than_255_bytes_does_not_panic_table_from_headers() {
         let _ = acemq::convert::table_from_headers(&headers);
     });
     assert_eq!(panic, None);
+    let refused = acemq::convert::try_table_from_headers(&headers).unwrap_err();
+    assert!(refused.to_string().contains("256 bytes long"), "{refused}");
 }
 
 #[test]
-#[ignore = "panics: `ShortString exceeds maximum length: ShortStringError(256)` \
-            (acemq::convert::properties_to_lapin, src/amqp/convert.rs)"]
 fn a_property_longer_than_255_bytes_does_not_panic_properties_to_lapin() {
     // Publisher::publish_with_headers converts the caller's properties the
     // same way: a content type (or message id, correlation id, …) over 255
@@ -138,11 +133,12 @@ fn a_property_longer_than_255_bytes_does_not_panic_properties_to_lapin() {
         let _ = acemq::convert::properties_to_lapin(&properties, &acemq::Headers::new());
     });
     assert_eq!(panic, None);
+    let refused =
+        acemq::convert::try_properties_to_lapin(&properties, &acemq::Headers::new()).unwrap_err();
+    assert!(refused.to_string().contains("content_type"), "{refused}");
 }
 
 #[test]
-#[ignore = "panics: `ShortString exceeds maximum length: ShortStringError(256)` \
-            (Topology::from_config, src/amqp/topology.rs, on a config validate() accepted)"]
 fn a_queue_argument_name_longer_than_255_bytes_does_not_panic_the_topology() {
     // validate() accepts the config; building its declarations panics.
     // validate() should refuse an argument name over 255 bytes, naming it.
@@ -150,21 +146,19 @@ fn a_queue_argument_name_longer_than_255_bytes_does_not_panic_the_topology() {
         "queues:\n  - name: q\n    arguments: {{ {}: 1 }}\n",
         "x".repeat(256)
     );
-    let config = match acemq::Config::from_yaml_str(&yaml) {
-        Ok(config) => config,
-        Err(_) => return, // refused with a config error: the fix
-    };
-    let panic = panic_of(|| {
-        let _ = acemq::topology::Topology::from_config(&config);
-    });
-    assert_eq!(panic, None);
+    match acemq::Config::from_yaml_str(&yaml) {
+        // Refused with a config error naming the field: the fix.
+        Err(e) => assert_eq!(e.field(), Some("queues[0].arguments"), "{e}"),
+        Ok(config) => {
+            let panic = panic_of(|| {
+                let _ = acemq::topology::Topology::from_config(&config);
+            });
+            assert_eq!(panic, None);
+        }
+    }
 }
 
 #[test]
-#[ignore = "hangs (and with a delay at or above broker_wait_threshold, runs out of \
-            memory): Config::validate walks every attempt of RetryPolicy::rung_delays \
-            (layers/src/retry/policy.rs), one delay_after per attempt, collecting a \
-            Duration for each broker wait: 2^32 of them, 64 GiB"]
 fn a_config_with_four_billion_attempts_is_validated_at_once() {
     // The delays (1 s) stay below the default threshold (30 s), so the walk
     // allocates nothing and only takes its time; with `max_delay: 30` every
@@ -180,25 +174,27 @@ fn a_config_with_four_billion_attempts_is_validated_at_once() {
         let _ = done.send(outcome.map_err(|e| e.to_string()));
     });
     let outcome = finished.recv_timeout(std::time::Duration::from_secs(1));
+    let outcome = outcome.expect("validating max_attempts: 4294967295 took more than a second");
+    let message = outcome.expect_err("max_attempts: 4294967295 is above the maximum");
     assert!(
-        outcome.is_ok(),
-        "validating max_attempts: 4294967295 took more than a second"
+        message.contains("max_attempts") && message.contains("1000000"),
+        "{message}"
     );
 }
 
 #[test]
-#[ignore = "leaks the password: redact(\"amqp://ops,team:s3cret@broker:5672/%2f\") = \
-            \"amqp://ops,team:s3cret@broker:5672/%2f\" (acemq::connection::redact, \
-            src/config/address.rs, splits on the comma; `team:s3cret@broker…` then parses \
-            as a URL of scheme `team` with no password)"]
 fn a_comma_in_the_user_name_does_not_show_the_password_in_a_redacted_address() {
-    // check_address accepts the address (one amqp URL, user `ops,team`), so
-    // validate() does; resolve_addresses then splits it at the comma, and
-    // every message about the second half shows the password. Found by the
-    // `addresses` target as `http:@\x18\0,guest:gumqt@\n7` (redacted to
+    // resolve_addresses splits an address at a comma, so one with a comma
+    // in its user name is refused (write it %2C), and redacted as one
+    // address. Found by the `addresses` target as
+    // `http:@\x18\0,guest:gumqt@\n7` (once redacted to
     // `<unparseable AMQP address>,guest:gumqt@7`).
     let addr = "amqp://ops,team:s3cret@broker:5672/%2f";
-    assert!(acemq::connection::check_address(addr).is_ok());
+    let refused = acemq::connection::check_address(addr).unwrap_err();
+    assert!(
+        refused.contains("%2C") && !refused.contains("s3cret"),
+        "{refused}"
+    );
     let shown = acemq::connection::redact(addr);
     assert!(!shown.contains("s3cret"), "{shown}");
     let fuzzed = "http:@\u{18}\0,guest:gumqt@\n7";
@@ -207,17 +203,22 @@ fn a_comma_in_the_user_name_does_not_show_the_password_in_a_redacted_address() {
 }
 
 #[test]
-#[ignore = "validate() accepts it; Topology::from_config then declares `a.dlq` twice, \
-            with different arguments (as a.dlq's own queue, with dead_letter, and as a's \
-            dead-letter queue), which the broker refuses at start (PRECONDITION_FAILED)"]
 fn a_queue_named_like_another_queues_dead_letter_queue_is_refused_by_validate() {
     // Found by the `config` property (no queue declared twice differently)
     // on a hand-written probe, not by the fuzzer in its 15 minutes. The same
     // holds for a queue named like another's rung (`a.retry.2s`).
     let yaml =
         "queues:\n  - { name: a, dead_letter: true }\n  - { name: a.dlq, dead_letter: true }\n";
-    assert!(
-        acemq::Config::from_yaml_str(yaml).is_err(),
-        "validate() should refuse a queue named like another queue's dead-letter queue"
+    let refused = acemq::Config::from_yaml_str(yaml).expect_err(
+        "validate() should refuse a queue named like another queue's dead-letter queue",
     );
+    assert_eq!(refused.field(), Some("queues[1].name"), "{refused}");
+    assert!(
+        refused.to_string().contains("queues[0] (\"a\")"),
+        "{refused}"
+    );
+    let rung = "queues:\n  - { name: a, retries: { max_attempts: 2, initial_delay: 2, \
+                max_delay: 2, broker_wait_threshold: 1 } }\n  - name: a.retry.2s\n";
+    let refused = acemq::Config::from_yaml_str(rung).expect_err("a rung's name");
+    assert_eq!(refused.field(), Some("queues[1].name"), "{refused}");
 }

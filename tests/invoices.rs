@@ -22,13 +22,10 @@ fn harness() -> TestQueue {
 
 /// An invoice as it arrives through the topic exchange.
 fn invoice(h: &mut TestQueue, key: &str, body: &str) -> Delivery {
-    let tag = h.delivery("").delivery_tag();
-    Delivery::builder()
-        .queue("billing.invoices")
+    h.message(body.to_owned())
         .exchange("billing")
         .routing_key(key)
-        .delivery_tag(tag)
-        .body(body.to_owned())
+        .content_type("application/json")
         .build()
 }
 
@@ -104,9 +101,14 @@ async fn a_slow_invoice_times_out_each_attempt_waits_then_moves_to_its_rung_keep
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_last_attempt_of_a_slow_invoice_is_dead_lettered_as_a_timeout() {
     let mut h = harness();
-    let mut d = invoice(&mut h, "invoices.slow", r#"{"id":"inv-3","amount":10}"#);
-    d.set_attempt(3);
-    let r = h.deliver(d).await;
+    // The copy from the last rung: attempt 3.
+    let r = h
+        .message(r#"{"id":"inv-3","amount":10}"#)
+        .exchange("billing")
+        .routing_key("invoices.slow")
+        .attempt(3)
+        .deliver()
+        .await;
     assert!(
         matches!(
             r.fate,
@@ -118,4 +120,34 @@ async fn the_last_attempt_of_a_slow_invoice_is_dead_lettered_as_a_timeout() {
         "{:?}",
         r.fate
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dead_lettered_invoice_keeps_the_headers_it_came_with_and_where_it_came_from() {
+    let mut h = harness();
+    let r = h
+        .message(r#"{"id":"inv-4","amount":0}"#)
+        .exchange("billing")
+        .routing_key("invoices.eu")
+        .message_id("inv-4")
+        .header("tenant", "acme")
+        .deliver()
+        .await;
+    match &r.fate {
+        Fate::DeadLettered { headers, .. } => {
+            assert_eq!(
+                headers.get("tenant").and_then(|v| v.as_str()),
+                Some("acme"),
+                "{headers:?}"
+            );
+            assert_eq!(
+                headers
+                    .get("x-acemq-original-exchange")
+                    .and_then(|v| v.as_str()),
+                Some("billing"),
+                "{headers:?}"
+            );
+        }
+        other => panic!("expected a dead-letter, got {other:?}"),
+    }
 }

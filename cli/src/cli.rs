@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 /// What `--reason` accepts: the reasons acemq writes to `x-acemq-reason`.
-const REASONS: &str = "max-attempts, rejected, panic, timeout, redelivered";
+const REASONS: &str =
+    "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout";
 
 /// acemq's operator command: the topology a config names, queue depths, and
 /// dead letters.
@@ -101,7 +102,7 @@ pub(crate) struct PeekArgs {
     #[arg(long, short = 'n', value_name = "N", default_value_t = 10)]
     pub(crate) limit: usize,
     /// Show only messages dead-lettered for REASON (max-attempts, rejected,
-    /// panic, timeout, redelivered; `none` for those without the header,
+    /// panic, timeout, redelivered, transaction-ended; `none` for those without the header,
     /// dead-lettered by the broker itself).
     #[arg(long, value_name = "REASON", value_parser = parse_peek_reason)]
     pub(crate) reason: Option<String>,
@@ -120,7 +121,7 @@ pub(crate) struct ReplayArgs {
     /// in `.dlq` is read as the dead-letter queue itself).
     pub(crate) queue: String,
     /// Move only messages dead-lettered for REASON (max-attempts, rejected,
-    /// panic, timeout, redelivered); the others stay, in order.
+    /// panic, timeout, redelivered, transaction-ended); the others stay, in order.
     #[arg(long, value_name = "REASON", value_parser = parse_replay_reason)]
     pub(crate) reason: Option<acemq::Reason>,
     /// Take at most N messages from QUEUE.dlq (moved or skipped).

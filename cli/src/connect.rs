@@ -37,13 +37,26 @@ impl Target {
     pub(crate) fn new(flag: Option<&str>, config: Option<&Config>) -> Result<Target, Failure> {
         let from_flag: Option<Vec<String>> = flag.map(|f| vec![f.to_owned()]);
         if let Some(flag) = flag {
-            for addr in flag.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let given: Vec<String> = flag
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned)
+                .collect();
+            // A build without TLS is the config's matter (78), not a usage error.
+            refuse_tls_without_tls(&given)?;
+            for addr in &given {
                 check_address(addr).map_err(|why| Failure::usage(format!("--amqp-addr: {why}")))?;
             }
         }
         let config_addresses = config.map_or(&[][..], |c| c.addresses.as_slice());
         let addresses = resolve_addresses(from_flag.as_deref(), config_addresses);
         refuse_tls_without_tls(&addresses)?;
+        // Every address of AMQP_ADDR or the config, not only the one that
+        // answers (the flag's were checked above).
+        for addr in &addresses {
+            check_address(addr).map_err(Failure::config)?;
+        }
         Ok(Target {
             addresses,
             options: config.map(ConnectOptions::from_config).unwrap_or_default(),
@@ -88,9 +101,10 @@ fn refuse_tls_without_tls(addresses: &[String]) -> Result<(), Failure> {
 /// rest. The library's text names the address with its password hidden.
 fn connect_failure(e: ConnectError) -> Failure {
     let message = e.to_string();
-    match e {
-        ConnectError::BadAddress { .. } | ConnectError::Tls { .. } => Failure::config(message),
-        _ => Failure::unavailable(message),
+    if e.is_config() {
+        Failure::config(message)
+    } else {
+        Failure::unavailable(message)
     }
 }
 

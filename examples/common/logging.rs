@@ -11,8 +11,16 @@
 //! ```text
 //! let (format, args) = logging::take_log_format(std::env::args().skip(1).collect())?;
 //! // … the example's own parser reads `args` …
-//! logging::init(format, "info", std::io::stderr);
+//! logging::init(format, acemq::log::DEFAULT_FILTER, std::io::stderr);
 //! ```
+//!
+//! Every example's default filter is [`acemq::log::DEFAULT_FILTER`],
+//! `info,lapin=off`: lapin logs its own ERROR events for a lost connection
+//! that acemq reconnects (and acemq says so once, at WARN), and a returned
+//! message at WARN with its body; neither belongs in a log a person reads.
+//! A handled delivery's line is then one short line: the `acemq.process`
+//! span's `queue`, `delivery_tag`, `message_id` and `attempt`, and the
+//! handler's own event.
 
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
@@ -69,7 +77,8 @@ pub(crate) fn take_log_format(args: Vec<String>) -> Result<(LogFormat, Vec<Strin
 }
 
 /// `RUST_LOG` if it is set (and valid), else the example's `default`
-/// filter.
+/// filter ([`acemq::log::DEFAULT_FILTER`] in every example). A `RUST_LOG`
+/// replaces the default whole: add `lapin=off` to it too.
 pub(crate) fn env_filter(default: &str) -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
 }

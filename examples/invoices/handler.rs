@@ -7,8 +7,7 @@ use std::task::{Context, Poll};
 
 use std::time::Duration;
 
-use acemq::{BoxError, Delivery, Outcome, Publisher, QueueStack, Reject};
-use tower::layer::util::{Identity, Stack};
+use acemq::{queue_layers, BoxError, Delivery, Outcome, Publisher, QueueStack, Reject};
 use tower::timeout::TimeoutLayer;
 use tower::util::MapResponseLayer;
 
@@ -34,10 +33,11 @@ fn audit(outcome: Outcome) -> Outcome {
     outcome
 }
 
-/// The layers of the example, outside and inside the acemq stack.
+/// The layers of the example, outside and inside the acemq stack, named in
+/// the order [`stack`] adds them.
 pub(crate) type Layers = QueueStack<
-    Stack<MapResponseLayer<fn(Outcome) -> Outcome>, Identity>,
-    Stack<TimeoutLayer, Identity>,
+    queue_layers![MapResponseLayer<fn(Outcome) -> Outcome>],
+    queue_layers![TimeoutLayer],
 >;
 
 /// Outer: an audit of every final outcome (each invoice once). Inner: each

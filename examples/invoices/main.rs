@@ -56,11 +56,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    logging::init(
-        log_format,
-        "info,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .ok();
@@ -86,13 +82,21 @@ async fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return acemq::app::start_failed(&e),
     };
+    // The admin routes answer through the drain (`/readyz` 503) and stop
+    // once it has ended.
+    let mut admin = None;
     if let Some(addr) = http {
         let render = move || prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
         let router = acemq::admin::router_with_metrics(health.clone(), render);
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 info!(%addr, "admin routes: /healthz /readyz /queues /metrics");
-                tokio::spawn(async move { axum::serve(listener, router).await });
+                let drained = health.drained();
+                admin = Some(tokio::spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(drained)
+                        .await
+                }));
             }
             Err(e) => tracing::warn!(%addr, error = %e, "could not bind the HTTP address"),
         }
@@ -114,5 +118,9 @@ async fn main() -> ExitCode {
         }
         info!("published three demo invoices to the billing exchange");
     }
-    running.run_with(signals).await
+    let code = running.run_with(signals).await;
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), admin).await;
+    }
+    code
 }

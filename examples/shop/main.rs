@@ -1,6 +1,7 @@
 //! The shop: acemq's main example. A consumer of `shop.orders` whose demo
 //! batch walks every path — success, an in-process retry, a rung hop, a
-//! permanent rejection, a panic, an exhausted order — then consumes until
+//! permanent rejection, a panic, an exhausted order, and one order published
+//! with a 2 s delay (`Publisher::publish_delayed`) — then consumes until
 //! SIGTERM or SIGINT and drains.
 //!
 //! Run with:
@@ -16,10 +17,16 @@
 //! consumed). The demo batch is seeded into the first
 //! queue consumed.
 //!
+//! `--http ADDR` serves acemq's admin router there (`/healthz`, `/readyz`,
+//! `/queues`, pause and resume, `/metrics`). It answers through the drain —
+//! `/readyz` is 503 from the drain's first step — and stops once the drain
+//! has ended (`Health::drained`), so a probe never finds the port closed
+//! while handlers are still finishing.
+//!
 //! `--log-format json` writes the log lines as one JSON object per line (for
 //! a log collector); `text`, the default, as people read them. Both go to
-//! stderr, filtered by `RUST_LOG` (default
-//! `info,acemq::consumer=warn,lapin::returned_messages=off`).
+//! stderr, filtered by `RUST_LOG` (default [`acemq::log::DEFAULT_FILTER`],
+//! `info,lapin=off`).
 //!
 //! The connection is named `acemq-shop@HOST:PID`, so an operator can tell
 //! instances apart in `rabbitmqctl list_connections client_properties`.
@@ -52,8 +59,16 @@ use tracing::{info, warn};
 /// memory stays flat when `/metrics` is never scraped).
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
+/// How long the admin server may take to finish its requests once the
+/// drain has ended.
+const ADMIN_GRACE: Duration = Duration::from_secs(2);
+
 const USAGE: &str =
     "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]... [--log-format text|json]";
+
+/// The demo batch's delayed order and its delay.
+const DELAYED_ORDER: &str = "o-delayed";
+const DEMO_DELAY: Duration = Duration::from_secs(2);
 
 /// The demo batch: one order per path.
 fn demo_batch() -> Vec<(String, Vec<u8>)> {
@@ -168,11 +183,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
-    logging::init(
-        args.log_format,
-        "info,acemq::consumer=warn,lapin::returned_messages=off",
-        std::io::stderr,
-    );
+    logging::init(args.log_format, acemq::log::DEFAULT_FILTER, std::io::stderr);
     // A handler's panic is caught and dead-lettered by acemq; log it as one line.
     std::panic::set_hook(Box::new(log_panic));
     let config = match Config::from_path(&args.config) {
@@ -228,16 +239,23 @@ async fn main() -> ExitCode {
         Err(e) => return acemq::app::start_failed(&e),
     };
 
+    // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
+    // and /metrics rendered by the Prometheus recorder. It answers through
+    // the drain (`/readyz` 503) and stops when the drain has ended.
+    let mut admin = None;
     if let Some(addr) = args.http {
-        // acemq's admin router: /healthz, /readyz, /queues, pause and resume,
-        // and /metrics rendered by the Prometheus recorder.
         let router = acemq::admin::router_with_metrics(health.clone(), move || {
             prometheus.as_ref().map(|p| p.render()).unwrap_or_default()
         });
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
-                tokio::spawn(async move { axum::serve(listener, router).await });
+                let drained = health.drained();
+                admin = Some(tokio::spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(drained)
+                        .await
+                }));
             }
             Err(e) => {
                 warn!(%addr, error = %e, "could not bind the HTTP address; continuing without it")
@@ -255,6 +273,24 @@ async fn main() -> ExitCode {
             props.content_type = Some("application/json".to_owned());
             if let Err(e) = publisher.publish("", first, &body, props).await {
                 warn!(order = %id, error = %e, "could not publish a demo order");
+            }
+        }
+        // One more order, published with a 2 s delay: it waits in the
+        // bucket queue `acemq.delay.2s` (no plugin) and reaches the queue
+        // through the default exchange after 2 s.
+        let mut props = acemq::Properties::default();
+        props.message_id = Some(DELAYED_ORDER.to_owned());
+        props.content_type = Some("application/json".to_owned());
+        let body = format!(r#"{{"id":"{DELAYED_ORDER}"}}"#);
+        match publisher
+            .publish_delayed("", first, body.as_bytes(), props, DEMO_DELAY)
+            .await
+        {
+            Ok(()) => {
+                info!(order = DELAYED_ORDER, delay = ?DEMO_DELAY, "published a delayed demo order")
+            }
+            Err(e) => {
+                warn!(order = DELAYED_ORDER, error = %e, "could not publish the delayed demo order")
             }
         }
         info!(orders = n, queue = %first, "published the demo batch");
@@ -285,5 +321,15 @@ async fn main() -> ExitCode {
         }
     });
 
-    running.run_with(signals).await
+    let code = running.run_with(signals).await;
+    if let Some(admin) = admin {
+        // Its requests in progress end first (a scrape, a probe).
+        match tokio::time::timeout(ADMIN_GRACE, admin).await {
+            Ok(_) => info!("the admin routes stopped"),
+            Err(_) => {
+                warn!("the admin routes did not stop within {ADMIN_GRACE:?} after the drain")
+            }
+        }
+    }
+    code
 }

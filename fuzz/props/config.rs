@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use acemq::config::{AckBatch, ArgValue, Config};
+use acemq::config::{AckBatch, ArgValue, Config, RetriesConfig};
 use acemq::connection::{check_address, ConnectOptions};
 use acemq::topology::Topology;
 
@@ -29,12 +29,6 @@ pub(crate) fn check(data: &[u8]) {
     let Some((selector, text)) = split(data) else {
         return;
     };
-    if too_many_attempts(selector, &text) {
-        // Known finding: see the ignored test
-        // `a_config_with_four_billion_attempts_is_validated_at_once` in
-        // tests/fuzz_corpus.rs.
-        return;
-    }
     let loaded = match selector {
         b't' => Config::from_toml_str(&text),
         b'j' => Config::from_json_str(&text),
@@ -50,63 +44,6 @@ pub(crate) fn check(data: &[u8]) {
     }
 }
 
-/// The most attempts a fuzzed config may ask for: validating walks every
-/// attempt (one `Duration` each), so four billion of them hang the fuzzer or
-/// exhaust its memory (the known finding above).
-const MAX_FUZZED_ATTEMPTS: u64 = 100_000;
-
-/// Whether the text, read as an untyped document of its format, has a
-/// `max_attempts` above [`MAX_FUZZED_ATTEMPTS`] anywhere. Text that does
-/// not read as an untyped document is not skipped: the typed loader refuses
-/// it as well.
-fn too_many_attempts(selector: u8, text: &str) -> bool {
-    fn big(n: Option<u64>, i: Option<i64>, f: Option<f64>) -> bool {
-        n.is_some_and(|n| n > MAX_FUZZED_ATTEMPTS)
-            || i.is_some_and(|i| i > MAX_FUZZED_ATTEMPTS as i64)
-            || f.is_some_and(|f| f > MAX_FUZZED_ATTEMPTS as f64)
-    }
-    fn yaml(v: &serde_yaml_ng::Value) -> bool {
-        use serde_yaml_ng::Value as V;
-        match v {
-            V::Mapping(m) => m.iter().any(|(k, v)| {
-                (k.as_str() == Some("max_attempts") && big(v.as_u64(), v.as_i64(), v.as_f64()))
-                    || yaml(k)
-                    || yaml(v)
-            }),
-            V::Sequence(s) => s.iter().any(yaml),
-            V::Tagged(t) => yaml(&t.value),
-            _ => false,
-        }
-    }
-    fn json(v: &serde_json::Value) -> bool {
-        use serde_json::Value as V;
-        match v {
-            V::Object(m) => m.iter().any(|(k, v)| {
-                (k == "max_attempts" && big(v.as_u64(), v.as_i64(), v.as_f64())) || json(v)
-            }),
-            V::Array(a) => a.iter().any(json),
-            _ => false,
-        }
-    }
-    fn toml(v: &toml::Value) -> bool {
-        use toml::Value as V;
-        match v {
-            V::Table(m) => m.iter().any(|(k, v)| {
-                (k == "max_attempts" && big(None, v.as_integer(), v.as_float())) || toml(v)
-            }),
-            V::Array(a) => a.iter().any(toml),
-            _ => false,
-        }
-    }
-    match selector {
-        b't' => text
-            .parse::<toml::Table>()
-            .is_ok_and(|t| toml(&toml::Value::Table(t))),
-        b'j' => serde_json::from_str(text).is_ok_and(|v| json(&v)),
-        _ => serde_yaml_ng::from_str(text).is_ok_and(|v| yaml(&v)),
-    }
-}
-
 /// What `Config::validate`'s docs promise of a config it accepts, and what
 /// the code that consumes it relies on.
 pub(crate) fn check_valid(config: &Config) {
@@ -115,9 +52,25 @@ pub(crate) fn check_valid(config: &Config) {
     let _ = ConnectOptions::from_config(config);
 
     assert!(!config.shutdown_timeout.is_zero());
+    for d in [
+        config.shutdown_timeout,
+        config.abandon_after,
+        config.host_timeout,
+    ] {
+        assert!(d <= Config::MAX_DRAIN_DURATION, "{d:?}");
+    }
+    assert!(config.connect_timeout <= Config::MAX_CONNECT_TIMEOUT);
+    assert!(config.pause_hand_back_after <= Config::MAX_PAUSE_HAND_BACK_AFTER);
     assert!(!config.connect_timeout.is_zero());
-    for addr in &config.addresses {
-        check_address(addr).expect("every address was checked");
+    for entry in &config.addresses {
+        let one = url::Url::parse(entry).is_ok_and(|u| {
+            u.has_host()
+                && (u.username().contains(',') || u.password().is_some_and(|p| p.contains(',')))
+        });
+        assert!(!one, "an address that a list would split: {entry:?}");
+        for addr in entry.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            check_address(addr).expect("every address was checked");
+        }
     }
     if let Some(h) = config.heartbeat {
         assert!(
@@ -147,9 +100,17 @@ pub(crate) fn check_valid(config: &Config) {
             .is_some_and(|found| std::ptr::eq(found, q)));
         assert!(q.prefetch > 0);
         assert!(q.concurrency > 0);
+        assert!(q.concurrency <= usize::from(q.prefetch), "{q:?}");
         assert!(q.max_redeliveries > 0);
+        if let Some(delay) = q.ack_batch.delay {
+            assert!(delay <= AckBatch::MAX_DELAY, "{delay:?}");
+        }
         if let Some(r) = &q.retries {
             assert!(r.max_attempts >= 1);
+            assert!(r.max_attempts <= RetriesConfig::MAX_ATTEMPTS);
+            for d in [r.initial_delay, r.max_delay, r.broker_wait_threshold] {
+                assert!(d <= RetriesConfig::MAX_DELAY, "{r:?}");
+            }
             assert!(!r.initial_delay.is_zero());
             assert!(r.max_delay >= r.initial_delay, "{r:?}");
             let policy = q.policy();
@@ -217,23 +178,28 @@ pub(crate) fn check_valid(config: &Config) {
         assert!(!x.kind.as_str().is_empty());
     }
 
-    if !arguments_fit(config) {
-        // Known finding: see the ignored test
-        // `a_queue_argument_name_longer_than_255_bytes_does_not_panic_the_topology`
-        // in tests/fuzz_corpus.rs.
-        return;
-    }
+    assert!(
+        names_fit(config),
+        "every name AMQP carries is a short string"
+    );
+    assert!(!names_a_derived_queue(config));
     check_topology(config);
 }
 
-/// Whether every argument name (queues' and bindings') fits an AMQP short
-/// string, which `Topology::from_config` turns it into.
-fn arguments_fit(config: &Config) -> bool {
+/// Whether every name `Topology::from_config` turns into an AMQP short
+/// string fits one: argument names (queues' and bindings'), exchange names
+/// and routing keys.
+fn names_fit(config: &Config) -> bool {
     let fit = |args: &BTreeMap<String, ArgValue>| args.keys().all(|k| k.len() <= MAX_NAME);
-    config
-        .queues
-        .iter()
-        .all(|q| fit(&q.arguments) && q.bindings.iter().all(|b| fit(&b.arguments)))
+    config.exchanges.iter().all(|x| x.name.len() <= MAX_NAME)
+        && config.queues.iter().all(|q| {
+            fit(&q.arguments)
+                && q.bindings.iter().all(|b| {
+                    fit(&b.arguments)
+                        && b.exchange.len() <= MAX_NAME
+                        && b.routing_keys.iter().all(|k| k.len() <= MAX_NAME)
+                })
+        })
 }
 
 /// Whether a queue of the config has the name of another queue's
@@ -275,12 +241,6 @@ fn check_topology(config: &Config) {
     }
     assert_eq!(topology.decls().len(), decls);
     assert_eq!(topology.bindings().len(), bindings);
-    if names_a_derived_queue(config) {
-        // Known finding: see the ignored test
-        // `a_queue_named_like_another_queues_dead_letter_queue_is_refused_by_validate`
-        // in tests/fuzz_corpus.rs.
-        return;
-    }
     // A name declared twice is declared the same way both times (a second,
     // different declaration of one queue fails the start with
     // PRECONDITION_FAILED).

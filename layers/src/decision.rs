@@ -100,11 +100,21 @@ pub enum Reason {
     /// `max_redeliveries` (its `x-delivery-count` header, quorum queues):
     /// dead-lettered without calling the handler, which breaks a crash loop.
     Redelivered,
+    /// The handler ended the inbox's transaction itself (a `COMMIT` or
+    /// `ROLLBACK` statement): its work and the inbox mark did not commit
+    /// together, a programming error that no retry fixes
+    /// ([`TransactionEnded`](crate::inbox::TransactionEnded)).
+    TransactionEnded,
+    /// The broker timed out the message's acknowledgement (`consumer_timeout`)
+    /// more often than the queue's `consumer_timeout_strikes`: each time it
+    /// closed the channel (or cancelled the consumer) and the message came
+    /// back; dead-lettered without calling the handler again.
+    ConsumerTimeout,
 }
 
 impl Reason {
     /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`,
-    /// `redelivered`.
+    /// `redelivered`, `transaction-ended`, `consumer-timeout`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::MaxAttempts => "max-attempts",
@@ -112,6 +122,8 @@ impl Reason {
             Reason::Panic => "panic",
             Reason::Timeout => "timeout",
             Reason::Redelivered => "redelivered",
+            Reason::TransactionEnded => "transaction-ended",
+            Reason::ConsumerTimeout => "consumer-timeout",
         }
     }
 
@@ -123,6 +135,8 @@ impl Reason {
             "panic" => Reason::Panic,
             "timeout" => Reason::Timeout,
             "redelivered" => Reason::Redelivered,
+            "transaction-ended" => Reason::TransactionEnded,
+            "consumer-timeout" => Reason::ConsumerTimeout,
             _ => return None,
         })
     }
@@ -131,5 +145,26 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn every_reason_reads_back_from_its_header_form() {
+        for r in [
+            Reason::MaxAttempts,
+            Reason::Rejected,
+            Reason::Panic,
+            Reason::Timeout,
+            Reason::Redelivered,
+            Reason::ConsumerTimeout,
+        ] {
+            assert_eq!(Reason::from_header(r.as_str()), Some(r), "{r}");
+        }
+        assert_eq!(Reason::ConsumerTimeout.as_str(), "consumer-timeout");
+        assert_eq!(Reason::from_header("consumer_timeout"), None);
     }
 }

@@ -232,6 +232,50 @@ async fn an_anyhow_reject_with_context_dead_letters_at_once_as_rejected() {
     assert!(d.error.contains("not json"), "{}", d.error);
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_ended_inbox_transaction_dead_letters_at_once_whatever_the_classifier_says() {
+    let broker = FakePublisher::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(broker.clone()))
+        .layer(
+            RetryLayer::new(policy(5), broker.clone(), CancellationToken::new())
+                // A classifier that retries everything: the reason still wins.
+                .classifier(|_: &(dyn std::error::Error + 'static)| Class::Transient),
+        )
+        .layer(CancelLayer::new(CancellationToken::new()))
+        .service_fn(move |_: Delivery| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                let ended = acemq_layers::inbox::TransactionEnded::new(Some(("q", "m-1")));
+                Err::<(), BoxError>(Box::new(ended))
+            }
+        });
+    let decision = svc
+        .oneshot(Delivery::builder().queue("q").build())
+        .await
+        .unwrap();
+    let Decision::DeadLetter(d) = decision else {
+        panic!("{decision:?}")
+    };
+    assert_eq!(
+        (d.reason, d.attempts, d.published),
+        (Reason::TransactionEnded, 1, true)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "not retried");
+    assert!(
+        d.error.contains("ended the inbox's transaction"),
+        "{}",
+        d.error
+    );
+    assert_eq!(
+        Reason::from_header(Reason::TransactionEnded.as_str()),
+        Some(Reason::TransactionEnded)
+    );
+    assert_eq!(Reason::TransactionEnded.as_str(), "transaction-ended");
+}
+
 // ------------------------------------------------------ typed outcomes
 
 async fn verdict_of(outcome: Verdict) -> (Decision, FakePublisher) {

@@ -317,6 +317,22 @@ pub enum ConnectError {
     },
 }
 
+impl ConnectError {
+    /// Whether the failure is the configuration's, not the broker's: an
+    /// address that is not a usable AMQP URL, or a TLS file that cannot be
+    /// used — or, with several addresses, every one failing so. A start
+    /// that fails so exits 78 (69 for the rest).
+    pub fn is_config(&self) -> bool {
+        match self {
+            ConnectError::BadAddress { .. } | ConnectError::Tls { .. } => true,
+            ConnectError::NoneAnswered { tried } => {
+                !tried.is_empty() && tried.iter().all(ConnectError::is_config)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
 /// by `rabbitmqctl list_connections client_properties`). A comma-separated
 /// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
@@ -570,6 +586,47 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    /// The broker the tests use, with `scheme` and `query`.
+    fn broker(scheme: &str, query: &str) -> String {
+        let plain = crate::connection::amqp_addr_from_env();
+        format!("{scheme}{}{query}", plain.trim_start_matches("amqp://"))
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn an_amqps_address_is_refused_at_connect_without_the_tls_feature() {
+        // The broker's plain port: without a TLS backend lapin would open
+        // it in plain text, the password included.
+        let e = connect(&broker("amqps://", ""), "t", Duration::from_secs(5))
+            .await
+            .expect_err("amqps:// without the tls feature connects in plain text");
+        assert!(matches!(e, ConnectError::BadAddress { .. }), "{e:?}");
+        assert!(e.is_config());
+        assert!(e.to_string().contains("`tls` feature"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_query_parameter_lapin_cannot_read_is_a_bad_address_not_an_unreachable_broker() {
+        let e = connect(
+            &broker("amqp://", "?heartbeat=notanumber"),
+            "t",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("heartbeat=notanumber");
+        assert!(matches!(e, ConnectError::BadAddress { .. }), "{e:?}");
+        assert!(e.to_string().contains("heartbeat=notanumber"), "{e}");
+        // The same broker with a heartbeat lapin reads connects.
+        let c = connect(
+            &broker("amqp://", "?heartbeat=30"),
+            "t",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        c.close(200, "OK".into()).await.unwrap();
     }
 
     #[test]

@@ -46,16 +46,80 @@ fn value_from_amqp(v: &AMQPValue) -> Value {
     }
 }
 
+/// The longest header name or string property AMQP carries, in bytes (a
+/// short string).
+pub const MAX_SHORT_STRING_BYTES: usize = 255;
+
+/// A header name or property that AMQP cannot carry: longer than
+/// [`MAX_SHORT_STRING_BYTES`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the {what} {shown:?} is {len} bytes long, above AMQP's limit of {MAX_SHORT_STRING_BYTES} \
+     bytes for a header name or property: shorten it (or carry the value in a header's value, \
+     or in the body, which have no such limit)"
+)]
+#[non_exhaustive]
+pub struct TooLong {
+    /// What it is: `header name`, `content_type`, `message_id`, …
+    pub what: String,
+    /// Its first 40 characters.
+    pub shown: String,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl TooLong {
+    fn new(what: impl Into<String>, text: &str) -> Self {
+        TooLong {
+            what: what.into(),
+            shown: text.chars().take(40).collect(),
+            len: text.len(),
+        }
+    }
+}
+
+/// `text` as a short string, or the error naming it as `what`.
+pub(crate) fn short_string(what: &str, text: &str) -> Result<ShortString, TooLong> {
+    ShortString::try_new(text).map_err(|_| TooLong::new(what, text))
+}
+
 /// Converts owned [`Headers`] back into a lapin field table.
+///
+/// A header name longer than [`MAX_SHORT_STRING_BYTES`] (at any depth,
+/// nested tables included) cannot be carried: it is left out with a WARN
+/// naming it. Use [`try_table_from_headers`] to get an error instead.
 pub fn table_from_headers(headers: &Headers) -> FieldTable {
-    let map: BTreeMap<ShortString, AMQPValue> = headers
-        .iter()
-        .map(|(k, v)| (ShortString::from(k), value_to_amqp(v)))
-        .collect();
+    table_with(headers, &mut |e| {
+        tracing::warn!("header left out of the message: {e}");
+    })
+}
+
+/// [`table_from_headers`], failing on the first header name longer than
+/// [`MAX_SHORT_STRING_BYTES`] instead of leaving it out.
+pub fn try_table_from_headers(headers: &Headers) -> Result<FieldTable, TooLong> {
+    let mut first = None;
+    let table = table_with(headers, &mut |e| {
+        first.get_or_insert(e);
+    });
+    first.map_or(Ok(table), Err)
+}
+
+/// The table of `headers`, every name too long for a short string given to
+/// `too_long` and left out.
+fn table_with(headers: &Headers, too_long: &mut dyn FnMut(TooLong)) -> FieldTable {
+    let mut map: BTreeMap<ShortString, AMQPValue> = BTreeMap::new();
+    for (k, v) in headers.iter() {
+        match ShortString::try_new(k.to_owned()) {
+            Ok(name) => {
+                map.insert(name, value_to_amqp(v, too_long));
+            }
+            Err(_) => too_long(TooLong::new("header name", k)),
+        }
+    }
     FieldTable::from(map)
 }
 
-fn value_to_amqp(v: &Value) -> AMQPValue {
+fn value_to_amqp(v: &Value, too_long: &mut dyn FnMut(TooLong)) -> AMQPValue {
     match v {
         Value::Bool(b) => AMQPValue::Boolean(*b),
         Value::I8(n) => AMQPValue::ShortShortInt(*n),
@@ -74,10 +138,12 @@ fn value_to_amqp(v: &Value) -> AMQPValue {
         Value::String(s) => AMQPValue::LongString(LongString::from(s.clone())),
         Value::Bytes(b) => AMQPValue::ByteArray(ByteArray::from(b.clone())),
         Value::Array(a) => AMQPValue::FieldArray(FieldArray::from(
-            a.iter().map(value_to_amqp).collect::<Vec<_>>(),
+            a.iter()
+                .map(|v| value_to_amqp(v, too_long))
+                .collect::<Vec<_>>(),
         )),
         Value::Timestamp(t) => AMQPValue::Timestamp(*t),
-        Value::Table(t) => AMQPValue::FieldTable(table_from_headers(t)),
+        Value::Table(t) => AMQPValue::FieldTable(table_with(t, too_long)),
         Value::Void => AMQPValue::Void,
         _ => AMQPValue::Void,
     }
@@ -106,13 +172,43 @@ pub fn properties_from_lapin(p: &BasicProperties) -> Properties {
 }
 
 /// Builds lapin basic properties from [`Properties`] and headers.
+///
+/// A string property (content type, message id, …) or header name longer
+/// than [`MAX_SHORT_STRING_BYTES`] cannot be carried: it is left out with a
+/// WARN naming it. Use [`try_properties_to_lapin`] to get an error instead.
 pub fn properties_to_lapin(p: &Properties, headers: &Headers) -> BasicProperties {
+    properties_with(p, headers, &mut |e| {
+        tracing::warn!("left out of the message: {e}");
+    })
+}
+
+/// [`properties_to_lapin`], failing on the first property or header name
+/// longer than [`MAX_SHORT_STRING_BYTES`] instead of leaving it out.
+pub fn try_properties_to_lapin(
+    p: &Properties,
+    headers: &Headers,
+) -> Result<BasicProperties, TooLong> {
+    let mut first = None;
+    let props = properties_with(p, headers, &mut |e| {
+        first.get_or_insert(e);
+    });
+    first.map_or(Ok(props), Err)
+}
+
+fn properties_with(
+    p: &Properties,
+    headers: &Headers,
+    too_long: &mut dyn FnMut(TooLong),
+) -> BasicProperties {
+    let mut short = |what: &str, v: &Option<String>| -> Option<ShortString> {
+        short_string(what, v.as_ref()?).map_err(&mut *too_long).ok()
+    };
     let mut b = BasicProperties::default();
-    if let Some(v) = &p.content_type {
-        b = b.with_content_type(v.as_str().into());
+    if let Some(v) = short("content_type", &p.content_type) {
+        b = b.with_content_type(v);
     }
-    if let Some(v) = &p.content_encoding {
-        b = b.with_content_encoding(v.as_str().into());
+    if let Some(v) = short("content_encoding", &p.content_encoding) {
+        b = b.with_content_encoding(v);
     }
     if let Some(v) = p.delivery_mode {
         b = b.with_delivery_mode(v);
@@ -120,29 +216,29 @@ pub fn properties_to_lapin(p: &Properties, headers: &Headers) -> BasicProperties
     if let Some(v) = p.priority {
         b = b.with_priority(v);
     }
-    if let Some(v) = &p.correlation_id {
-        b = b.with_correlation_id(v.as_str().into());
+    if let Some(v) = short("correlation_id", &p.correlation_id) {
+        b = b.with_correlation_id(v);
     }
-    if let Some(v) = &p.reply_to {
-        b = b.with_reply_to(v.as_str().into());
+    if let Some(v) = short("reply_to", &p.reply_to) {
+        b = b.with_reply_to(v);
     }
     // A per-message TTL is not copied: the copy's wait is the rung's TTL.
-    if let Some(v) = &p.message_id {
-        b = b.with_message_id(v.as_str().into());
+    if let Some(v) = short("message_id", &p.message_id) {
+        b = b.with_message_id(v);
     }
     if let Some(v) = p.timestamp {
         b = b.with_timestamp(v);
     }
-    if let Some(v) = &p.kind {
-        b = b.with_type(v.as_str().into());
+    if let Some(v) = short("type", &p.kind) {
+        b = b.with_type(v);
     }
-    if let Some(v) = &p.user_id {
-        b = b.with_user_id(v.as_str().into());
+    if let Some(v) = short("user_id", &p.user_id) {
+        b = b.with_user_id(v);
     }
-    if let Some(v) = &p.app_id {
-        b = b.with_app_id(v.as_str().into());
+    if let Some(v) = short("app_id", &p.app_id) {
+        b = b.with_app_id(v);
     }
-    b.with_headers(table_from_headers(headers))
+    b.with_headers(table_with(headers, too_long))
 }
 
 /// Turns a lapin delivery into an acemq [`Delivery`] (the acker stays with
@@ -191,4 +287,49 @@ fn convert_delivery(
     }
     .build();
     (delivery, d.acker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_name_over_255_bytes_is_an_error_or_left_out_never_a_panic() {
+        let mut nested = Headers::new();
+        nested.insert("n".repeat(256), "deep");
+        let mut headers = Headers::new();
+        headers.insert("x".repeat(256), "v");
+        headers.insert("kept", "v");
+        headers.insert("table", Value::Table(nested));
+        let e = try_table_from_headers(&headers).unwrap_err();
+        assert_eq!((e.what.as_str(), e.len), ("header name", 256));
+        assert!(e.to_string().contains("above AMQP's limit of 255"), "{e}");
+        let table = table_from_headers(&headers);
+        let back = headers_from_table(&table);
+        assert_eq!(back.len(), 2, "the long name left out: {back:?}");
+        assert!(back.get("kept").is_some());
+        match back.get("table") {
+            Some(Value::Table(t)) => assert!(t.is_empty(), "{t:?}"),
+            other => panic!("{other:?}"),
+        }
+        let mut fits = Headers::new();
+        fits.insert("x".repeat(255), "v");
+        assert_eq!(try_table_from_headers(&fits).unwrap().inner().len(), 1);
+    }
+
+    #[test]
+    fn a_property_over_255_bytes_is_an_error_or_left_out_never_a_panic() {
+        let mut p = Properties::default();
+        p.message_id = Some("m-1".to_owned());
+        p.content_type = Some("x".repeat(256));
+        let e = try_properties_to_lapin(&p, &Headers::new()).unwrap_err();
+        assert_eq!((e.what.as_str(), e.len), ("content_type", 256));
+        let out = properties_to_lapin(&p, &Headers::new());
+        assert_eq!(out.content_type(), &None);
+        assert_eq!(
+            out.message_id().as_ref().map(|m| m.as_str()),
+            Some("m-1"),
+            "the rest is kept"
+        );
+    }
 }

@@ -8,6 +8,7 @@
 
 pub mod connection;
 pub mod convert;
+pub mod delay;
 pub(crate) mod otel;
 pub mod publisher;
 pub(crate) mod span;

@@ -1,6 +1,14 @@
-//! W3C trace context on the wire (feature `opentelemetry`; without it every
-//! function here does nothing).
+//! The OpenTelemetry side of a delivery's `process` span, and W3C trace
+//! context on the wire (feature `opentelemetry`; without it every function
+//! here does nothing).
 //!
+//! - **Describe**: when a `tracing_opentelemetry` layer sees the span, it
+//!   gets its OpenTelemetry name (`process {queue}`), kind (consumer) and
+//!   attributes (the messaging conventions' and acemq's own, listed in
+//!   `docs/tracing.md`) through `OpenTelemetrySpanExt`, not as tracing
+//!   fields, so a `fmt` line inside the span stays short. The name and the
+//!   kind can only be given as the `otel.name` and `otel.kind` fields; they
+//!   are recorded only when such a layer is there.
 //! - **Extract**: a delivery's `traceparent` / `tracestate` / `baggage`
 //!   headers become the parent of its `process` span, so a message's life is
 //!   one trace, and the creation context (the producer's, kept in
@@ -20,16 +28,29 @@
 
 #![cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
 
-use acemq_layers::Headers;
+use acemq_layers::{Decision, Headers};
 use lapin::BasicProperties;
 use tracing::Span;
 
-/// Sets the span's parent (the message's context) and link (its creation
-/// context). Called by [`crate::span::process_span`] before the span is
-/// first entered.
-pub(crate) fn extract(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+/// Gives the OpenTelemetry span its name, kind, parent (the message's
+/// context), link (its creation context) and attributes. Called by
+/// [`crate::amqp::span::process_span`] before the span is first entered.
+pub(crate) fn describe(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
     #[cfg(feature = "opentelemetry")]
-    imp::extract(span, queue, raw);
+    imp::describe(span, queue, raw);
+}
+
+/// Sets `acemq.attempt` on the OpenTelemetry span.
+pub(crate) fn record_attempt(span: &Span, attempt: u32) {
+    #[cfg(feature = "opentelemetry")]
+    imp::set_attribute(span, "acemq.attempt", i64::from(attempt));
+}
+
+/// Sets `acemq.outcome` on the OpenTelemetry span and, on dead-letter,
+/// `acemq.dead_letter.reason` and an error status.
+pub(crate) fn record_decision(span: &Span, decision: &Decision) {
+    #[cfg(feature = "opentelemetry")]
+    imp::record_decision(span, decision);
 }
 
 /// Writes the current context into `headers` (a user's publish). Without a
@@ -60,12 +81,12 @@ pub(crate) fn inject_properties(properties: BasicProperties) -> BasicProperties 
 mod imp {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use acemq_layers::{Headers, Value};
+    use acemq_layers::{Decision, Headers, Value as HeaderValue};
     use lapin::types::{AMQPValue, FieldTable, LongString};
     use lapin::BasicProperties;
     use opentelemetry::propagation::{Extractor, Injector};
-    use opentelemetry::trace::{SpanContext, TraceContextExt};
-    use opentelemetry::{global, Context};
+    use opentelemetry::trace::{SpanContext, Status, TraceContextExt};
+    use opentelemetry::{global, Context, Value};
     use tracing::Span;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -139,20 +160,60 @@ mod imp {
         w3c
     }
 
-    pub(super) fn extract(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+    /// What a delivery's headers say of its trace.
+    enum Carried {
+        /// No `traceparent`, or a propagator that does not read it.
+        Nothing,
+        /// A valid context: the parent, and the creation context to link.
+        Context(Context, SpanContext),
+        /// A `traceparent` that is not a W3C trace context (its first 64
+        /// characters).
+        Malformed(String),
+    }
+
+    fn carried(raw: &lapin::message::Delivery) -> Carried {
         let Some(table) = raw.properties.headers() else {
-            return;
+            return Carried::Nothing;
         };
         let Some(traceparent) = table_str(table, TRACEPARENT) else {
-            return;
+            return Carried::Nothing;
         };
         if !w3c_propagator() {
-            return;
+            return Carried::Nothing;
         }
         let parent = global::get_text_map_propagator(|p| p.extract(&TableExtractor(table)));
         let parent_span = parent.span().span_context().clone();
         if !parent_span.is_valid() {
-            let shown: String = traceparent.chars().take(64).collect();
+            return Carried::Malformed(traceparent.chars().take(64).collect());
+        }
+        let creation = table_str(table, ORIGINAL_TRACEPARENT_HEADER)
+            .and_then(original)
+            .unwrap_or(parent_span);
+        Carried::Context(parent, creation)
+    }
+
+    pub(super) fn describe(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+        let carried = carried(raw);
+        let parent = match &carried {
+            Carried::Context(parent, _) => parent.clone(),
+            // A new root.
+            Carried::Nothing | Carried::Malformed(_) => Context::new(),
+        };
+        // `Err` when no OpenTelemetry layer is in the subscriber: then the
+        // span gets no OpenTelemetry name or kind field either.
+        if span.set_parent(parent).is_ok() {
+            span.record(
+                "otel.name",
+                tracing::field::display(format_args!("process {queue}")),
+            );
+            span.record("otel.kind", "consumer");
+            set_attributes(span, queue, raw);
+            if let Carried::Context(_, creation) = carried {
+                span.add_link(creation);
+                return;
+            }
+        }
+        if let Carried::Malformed(shown) = carried {
             // Inside the span: it is a new root, and the warning is its event.
             span.in_scope(|| {
                 tracing::warn!(
@@ -162,14 +223,55 @@ mod imp {
                      (version-traceid-spanid-flags); its span starts a new trace"
                 )
             });
-            return;
         }
-        let creation = table_str(table, ORIGINAL_TRACEPARENT_HEADER)
-            .and_then(original)
-            .unwrap_or_else(|| parent_span.clone());
-        if span.set_parent(parent).is_ok() {
-            span.add_link(creation);
+    }
+
+    /// The messaging conventions' attributes and acemq's own that the raw
+    /// delivery gives.
+    fn set_attributes(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+        span.set_attribute("messaging.system", "rabbitmq");
+        span.set_attribute("messaging.operation.type", "process");
+        span.set_attribute(
+            "messaging.destination.name",
+            raw.exchange.as_str().to_owned(),
+        );
+        span.set_attribute(
+            "messaging.rabbitmq.destination.routing_key",
+            raw.routing_key.as_str().to_owned(),
+        );
+        span.set_attribute(
+            "messaging.rabbitmq.message.delivery_tag",
+            int(raw.delivery_tag),
+        );
+        if let Some(id) = raw.properties.message_id() {
+            span.set_attribute("messaging.message.id", id.to_string());
         }
+        if let Some(id) = raw.properties.correlation_id() {
+            span.set_attribute("messaging.message.conversation_id", id.to_string());
+        }
+        span.set_attribute("messaging.message.body.size", int(raw.data.len() as u64));
+        span.set_attribute("acemq.queue", queue.to_owned());
+        span.set_attribute("acemq.redelivered", raw.redelivered);
+    }
+
+    pub(super) fn set_attribute(span: &Span, key: &'static str, value: impl Into<Value>) {
+        span.set_attribute(key, value);
+    }
+
+    pub(super) fn record_decision(span: &Span, decision: &Decision) {
+        span.set_attribute("acemq.outcome", decision.outcome());
+        if let Decision::DeadLetter(d) = decision {
+            span.set_attribute("acemq.dead_letter.reason", d.reason.as_str());
+            span.set_status(Status::error(crate::amqp::span::status_description(
+                d.reason.as_str(),
+                &d.error,
+            )));
+        }
+    }
+
+    /// Integer attributes as `i64`, as the conventions want them.
+    fn int(n: u64) -> i64 {
+        i64::try_from(n).unwrap_or(i64::MAX)
     }
 
     /// The producer's span context a copy kept, when it is valid.
@@ -200,7 +302,7 @@ mod imp {
 
     pub(super) fn inject_copy(headers: &mut Headers) {
         if headers.get(ORIGINAL_TRACEPARENT_HEADER).is_none() {
-            if let Some(tp @ Value::String(_)) = headers.get(TRACEPARENT) {
+            if let Some(tp @ HeaderValue::String(_)) = headers.get(TRACEPARENT) {
                 let tp = tp.clone();
                 headers.insert(ORIGINAL_TRACEPARENT_HEADER, tp);
             }

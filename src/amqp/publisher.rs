@@ -2,7 +2,10 @@
 //!
 //! The retry and dead-letter layers publish copies through it; your code
 //! publishes its own messages with [`Publisher::publish`] (or
-//! [`publish_json`](Publisher::publish_json)). Every publish is `mandatory`
+//! [`publish_json`](Publisher::publish_json)), and with a message id,
+//! headers and other properties through [`PublishOptions`]
+//! ([`publish_json_with`](Publisher::publish_json_with),
+//! [`publish_with`](Publisher::publish_with)). Every publish is `mandatory`
 //! and waits for the broker's confirm: an unroutable message comes back as
 //! [`PublishError::Unroutable`], never as success.
 //!
@@ -44,8 +47,11 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use tokio::sync::watch;
 use tracing::warn;
 
-use crate::amqp::convert::properties_to_lapin;
+use crate::amqp::convert::{properties_to_lapin, short_string, try_properties_to_lapin, TooLong};
 use crate::amqp::topology::{declare_one, Topology};
+
+mod options;
+pub use options::PublishOptions;
 
 /// A confirm-mode publisher on the publishing connection (an example is in
 /// the [module docs](crate::publisher)). Cheap to clone;
@@ -59,6 +65,8 @@ struct Inner {
     connection: watch::Receiver<Option<Arc<Connection>>>,
     channel: Mutex<Option<Channel>>,
     topology: OnceLock<Topology>,
+    /// The delay buckets declared so far (see [`crate::amqp::delay`]).
+    delay_buckets: crate::amqp::delay::Declared,
     /// How long a publish waits for a connection, or for the broker to
     /// unblock one.
     wait: Duration,
@@ -101,6 +109,7 @@ impl Publisher {
                 connection,
                 channel: Mutex::new(None),
                 topology: OnceLock::new(),
+                delay_buckets: Default::default(),
                 wait,
             }),
         }
@@ -135,6 +144,40 @@ impl Publisher {
                 ),
             )),
         }
+    }
+
+    /// The open connection, once not blocked (for the delay buckets'
+    /// declarations).
+    pub(crate) async fn open_connection(
+        &self,
+        target: &str,
+    ) -> Result<Arc<Connection>, PublishError> {
+        let conn = self.connection(target).await?;
+        self.unblocked(&conn, target).await?;
+        Ok(conn)
+    }
+
+    /// The connection cell and the wait, for a client that rides the
+    /// publishing connection.
+    pub(crate) fn connection_watch(&self) -> (watch::Receiver<Option<Arc<Connection>>>, Duration) {
+        (self.inner.connection.clone(), self.inner.wait)
+    }
+
+    pub(crate) fn delay_buckets(&self) -> &crate::amqp::delay::Declared {
+        &self.inner.delay_buckets
+    }
+
+    /// Whether delay buckets are quorum queues: when the topology declares
+    /// any quorum queue.
+    pub(crate) fn quorum_buckets(&self) -> bool {
+        self.inner.topology.get().is_some_and(|t| {
+            t.decls().iter().any(|d| {
+                matches!(
+                    d.arguments.inner().get("x-queue-type"),
+                    Some(lapin::types::AMQPValue::LongString(s)) if s.to_string() == "quorum"
+                )
+            })
+        })
     }
 
     /// Waits (within `wait`) while the broker blocks `conn`. Checked before
@@ -218,31 +261,26 @@ impl Publisher {
         if properties.delivery_mode.is_none() {
             properties.delivery_mode = Some(2);
         }
-        let mut props = properties_to_lapin(&properties, headers);
+        let too_long =
+            |e: TooLong| PublishError::transport_with_source(routing_key, e.to_string(), e);
+        let mut props = try_properties_to_lapin(&properties, headers).map_err(too_long)?;
         if let Some(e) = &properties.expiration {
-            props = props.with_expiration(e.as_str().into());
+            props = props.with_expiration(short_string("expiration", e).map_err(too_long)?);
         }
         self.send(exchange, routing_key, body, props).await
     }
 
     /// Publishes `value` as JSON (`content_type: application/json`,
-    /// persistent).
+    /// persistent). For a message id, headers or other properties,
+    /// [`publish_json_with`](Self::publish_json_with).
     pub async fn publish_json<T: serde::Serialize + ?Sized>(
         &self,
         exchange: &str,
         routing_key: &str,
         value: &T,
     ) -> Result<(), PublishError> {
-        let body = serde_json::to_vec(value).map_err(|e| {
-            PublishError::transport_with_source(
-                routing_key,
-                format!("the value could not be serialised as JSON: {e}"),
-                e,
-            )
-        })?;
-        let mut properties = Properties::default();
-        properties.content_type = Some("application/json".to_owned());
-        self.publish(exchange, routing_key, &body, properties).await
+        self.publish_json_with(exchange, routing_key, value, PublishOptions::new())
+            .await
     }
 
     /// Publishes with lapin's own properties, as given (no persistent
@@ -264,6 +302,21 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
+        self.send_with(exchange, routing_key, body, properties, true)
+            .await
+    }
+
+    /// Publishes and waits for the confirm; `mandatory: false` only where
+    /// a return would be wrong (a reply to a direct reply-to address, which
+    /// the broker returns as unroutable when mandatory).
+    pub(crate) async fn send_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<(), PublishError> {
         let target = if exchange.is_empty() {
             routing_key.to_owned()
         } else {
@@ -271,16 +324,19 @@ impl Publisher {
         };
         let transport =
             |e: lapin::Error| PublishError::transport_with_source(&*target, e.to_string(), e);
+        let too_long = |e: TooLong| PublishError::transport_with_source(&*target, e.to_string(), e);
+        let exchange = short_string("exchange name", exchange).map_err(too_long)?;
+        let routing_key = short_string("routing key", routing_key).map_err(too_long)?;
         let properties = crate::amqp::otel::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
         let ch = self.usable_channel(&conn).await.map_err(transport)?;
         let confirm = ch
             .basic_publish(
-                exchange.into(),
-                routing_key.into(),
+                exchange,
+                routing_key,
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory,
                     ..BasicPublishOptions::default()
                 },
                 body,

@@ -1,88 +1,94 @@
-//! The `process` span of each delivery, named and described by the
-//! OpenTelemetry messaging conventions for RabbitMQ.
+//! The `process` span of each delivery: what a person reading the log needs
+//! as its tracing fields, the OpenTelemetry messaging conventions for
+//! RabbitMQ on the OpenTelemetry span.
 //!
 //! One span per delivery the broker hands us: created before the delivery
 //! is converted, entered around everything the stack does with it (the
 //! handler, in-process retries, rung and dead-letter publishes), closed when
-//! the decision is known. With the `opentelemetry` feature its parent is the
-//! W3C context the message carries (see [`crate::otel`]).
+//! the decision is known.
 //!
-//! Never a body byte: the span records the body's size only.
+//! Its tracing fields are few, so every log line inside it stays short in
+//! any formatter: `queue`, `delivery_tag`, `message_id` (when the message
+//! has one), `attempt`, and `redelivered = true` only on a redelivery. What
+//! happened to the message is on the events (the handler's, the dead-letter
+//! layer's), not on the span.
+//!
+//! With the `opentelemetry` feature, and when a `tracing_opentelemetry`
+//! layer sees the span, [`crate::amqp::otel`] gives the OpenTelemetry span
+//! its name (`process {queue}`), its kind (consumer), its parent and link
+//! (the message's trace context) and every attribute of the conventions and
+//! acemq's own (`docs/tracing.md` lists them), through
+//! `OpenTelemetrySpanExt`: an exporter gets them all, a `fmt` line none of
+//! them.
+//!
+//! Never a body byte: the OpenTelemetry span records the body's size only.
 
 use acemq_layers::{Decision, Delivery};
 use tracing::field::Empty;
 use tracing::Span;
 
-/// The longest span status description recorded on dead-letter (the full
-/// error chain is in the copy's `x-acemq-error` header).
-const MAX_STATUS_LEN: usize = 512;
-
-/// Creates the delivery's `process` span (name `acemq.process`, OTel name
-/// `process {queue}`, kind consumer) with what the raw delivery says. With
-/// the `opentelemetry` feature its parent and link are the message's trace
-/// context, set here before the span is first entered.
+/// Creates the delivery's `process` span (`acemq.process`) with what the raw
+/// delivery says. With the `opentelemetry` feature its OpenTelemetry name,
+/// kind, parent, link and attributes are set here, before the span is first
+/// entered.
 pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span {
     let span = tracing::info_span!(
         "acemq.process",
-        otel.name = %format_args!("process {queue}"),
-        otel.kind = "consumer",
-        otel.status_code = Empty,
-        otel.status_description = Empty,
-        messaging.system = "rabbitmq",
-        messaging.operation.type = "process",
-        messaging.destination.name = raw.exchange.as_str(),
-        messaging.rabbitmq.destination.routing_key = raw.routing_key.as_str(),
-        messaging.rabbitmq.message.delivery_tag = int(raw.delivery_tag),
-        messaging.message.id = Empty,
-        messaging.message.conversation_id = Empty,
-        messaging.message.body.size = int(raw.data.len() as u64),
-        acemq.queue = queue,
-        acemq.attempt = Empty,
-        acemq.redelivered = raw.redelivered,
-        acemq.outcome = Empty,
-        acemq.dead_letter.reason = Empty,
+        queue = %queue,
+        delivery_tag = raw.delivery_tag,
+        message_id = Empty,
+        attempt = Empty,
+        redelivered = Empty,
+        // Recorded only when an OpenTelemetry layer sees the span: the
+        // OpenTelemetry span's name and kind are read from these two fields.
+        otel.name = Empty,
+        otel.kind = Empty,
     );
     if span.is_disabled() {
         return span;
     }
     if let Some(id) = raw.properties.message_id() {
-        span.record("messaging.message.id", id.as_str());
+        span.record("message_id", id.as_str());
     }
-    if let Some(id) = raw.properties.correlation_id() {
-        span.record("messaging.message.conversation_id", id.as_str());
+    if raw.redelivered {
+        span.record("redelivered", true);
     }
-    crate::amqp::otel::extract(&span, queue, raw);
+    crate::amqp::otel::describe(&span, queue, raw);
     span
 }
 
 /// Records what is known once the delivery is converted: its attempt number.
 pub(crate) fn record_delivery(span: &Span, delivery: &Delivery) {
-    span.record("acemq.attempt", i64::from(delivery.attempt()));
+    span.record("attempt", delivery.attempt());
+    crate::amqp::otel::record_attempt(span, delivery.attempt());
 }
 
-/// Records the decision: the outcome, and on dead-letter the reason and an
-/// error status whose description is the reason and the error.
+/// Records the decision on the OpenTelemetry span (feature
+/// `opentelemetry`): the outcome, and on dead-letter the reason and an
+/// error status whose description is the reason and the error, cut to
+/// [`MAX_STATUS_LEN`] bytes.
 pub(crate) fn record_decision(span: &Span, decision: &Decision) {
     if span.is_disabled() {
         return;
     }
-    span.record("acemq.outcome", decision.outcome());
-    if let Decision::DeadLetter(d) = decision {
-        span.record("acemq.dead_letter.reason", d.reason.as_str());
-        span.record("otel.status_code", "error");
-        let mut description = format!("{}: {}", d.reason, d.error);
-        truncate(&mut description, MAX_STATUS_LEN);
-        span.record("otel.status_description", description.as_str());
-    }
+    crate::amqp::otel::record_decision(span, decision);
 }
 
-/// Integers go to spans as `i64`: tracing-opentelemetry records a `u64` as
-/// text, and the conventions want integer attributes.
-fn int(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
+/// The longest span status description recorded on dead-letter (the full
+/// error chain is in the copy's `x-acemq-error` header).
+pub(crate) const MAX_STATUS_LEN: usize = 512;
+
+/// A dead-lettered delivery's status description: the reason and the error,
+/// cut to [`MAX_STATUS_LEN`] bytes.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+pub(crate) fn status_description(reason: &str, error: &str) -> String {
+    let mut description = format!("{reason}: {error}");
+    truncate(&mut description, MAX_STATUS_LEN);
+    description
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary, ending in `…`.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
 fn truncate(s: &mut String, max: usize) {
     if s.len() > max {
         let mut cut = max.saturating_sub('…'.len_utf8());

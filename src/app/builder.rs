@@ -189,6 +189,13 @@ impl App {
         self.publisher.clone()
     }
 
+    /// A request/reply client on the publishing connection, usable before
+    /// `start` (calls wait for the connection as publishes do). See
+    /// [`crate::rpc`].
+    pub fn rpc_client(&self) -> crate::rpc::RpcClient {
+        self.publisher.rpc_client()
+    }
+
     /// Consumes `queue` (named in the config) with `handler`. The runner puts
     /// the acemq layers around it: pause gate, in-flight, dead-letter, retry
     /// and cancellation (see `acemq_layers`' `# Order`).

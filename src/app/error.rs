@@ -49,11 +49,12 @@ pub enum StartError {
 
 impl StartError {
     /// The exit code for this failure (78 config — including an address
-    /// that is not an `amqp://` URL — 69 broker unreachable).
+    /// that is not a usable `amqp://` URL and a TLS file that cannot be used —
+    /// 69 broker unreachable).
     pub fn exit_code(&self) -> u8 {
         match self {
+            StartError::Connect(e) if e.is_config() => EXIT_CONFIG,
             StartError::Config(_)
-            | StartError::Connect(ConnectError::BadAddress { .. })
             | StartError::Topology(
                 TopologyError::Conflict { .. } | TopologyError::ExchangeConflict { .. },
             ) => EXIT_CONFIG,
@@ -77,4 +78,36 @@ pub fn start_failed(e: &StartError) -> ExitCode {
     error!("{e}");
     eprintln!("acemq: {e}");
     ExitCode::from(e.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls() -> ConnectError {
+        ConnectError::Tls {
+            field: "tls.ca_file",
+            path: "/nonexistent/ca.pem".to_owned(),
+            reason: "No such file or directory".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_tls_file_that_cannot_be_used_is_a_config_error_78() {
+        assert_eq!(StartError::Connect(tls()).exit_code(), EXIT_CONFIG);
+        let every = ConnectError::NoneAnswered {
+            tried: vec![tls(), tls()],
+        };
+        assert_eq!(StartError::Connect(every).exit_code(), EXIT_CONFIG);
+        let one_down = ConnectError::NoneAnswered {
+            tried: vec![
+                tls(),
+                ConnectError::Timeout {
+                    redacted: "amqp://h/".to_owned(),
+                    timeout: std::time::Duration::from_secs(1),
+                },
+            ],
+        };
+        assert_eq!(StartError::Connect(one_down).exit_code(), EXIT_UNAVAILABLE);
+    }
 }

@@ -10,7 +10,9 @@ use crate::app::drain::{DrainReport, DrainTimeout};
 /// Exit code after a clean stop (also a stop signal during start-up, when
 /// nothing was taken from any queue).
 pub const EXIT_OK: u8 = 0;
-/// Exit code when the drain deadline expired (EX_TEMPFAIL).
+/// Exit code when the stop was not clean (EX_TEMPFAIL): the drain deadline
+/// expired, a second signal cut it short, or a channel or connection was
+/// lost during it — work will be redone.
 pub const EXIT_TEMPFAIL: u8 = 75;
 /// Exit code for bad config (EX_CONFIG).
 pub const EXIT_CONFIG: u8 = 78;
@@ -18,7 +20,9 @@ pub const EXIT_CONFIG: u8 = 78;
 pub const EXIT_UNAVAILABLE: u8 = 69;
 
 /// Logs a drain's outcome (the report, or the timeout on stderr too) and
-/// returns the exit code: 0 clean, 75 when the deadline expired.
+/// returns the exit code: 0 clean, 75 when the stop was not clean (the
+/// deadline expired, or outcomes were lost with a channel during the
+/// drain).
 pub fn finish(result: Result<DrainReport, DrainTimeout>) -> ExitCode {
     match result {
         Ok(report) => {

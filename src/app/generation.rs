@@ -82,6 +82,7 @@ impl<'a> StartCtx<'a> {
             slots: self.slots,
             policy: self.config.prefetch_policy,
             dead_letter: q.dead_letter,
+            timeout_strikes: q.consumer_timeout_strikes,
             bounds: ack_bounds(q),
             intake: self.intake.clone(),
             stats: self.stats,

@@ -68,6 +68,8 @@ struct Inner {
     publisher_connected: AtomicBool,
     blocked: AtomicBool,
     draining: AtomicBool,
+    /// Cancelled when the drain has ended.
+    drained: tokio_util::sync::CancellationToken,
     in_flight: InFlightCounter,
     queues: RwLock<Vec<QueueEntry>>,
 }
@@ -131,6 +133,10 @@ pub struct QueueSnapshot {
     /// `basic.nack`, `basic.reject`): against [`handled`](Self::handled),
     /// how well acknowledgements coalesce (`ack_batch`).
     pub settle_frames: usize,
+    /// Deliveries an inbox layer in this process recognised as already
+    /// processed and acknowledged without calling the handler, so far
+    /// ([`acemq_layers::inbox::duplicates`]; `acemq.inbox.duplicates`).
+    pub inbox_duplicates: u64,
 }
 
 impl Health {
@@ -156,6 +162,38 @@ impl Health {
     /// Whether the drain has begun.
     pub fn is_draining(&self) -> bool {
         self.inner.draining.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the drain has ended: the handlers finished (or were
+    /// cancelled and abandoned), the channels and connections closed, the
+    /// report made — when [`Drain::run`](crate::Drain::run) (or
+    /// [`Running::run`](crate::Running::run) and the other ways to drain)
+    /// is about to return. Never resolves if nothing drains (a failed start,
+    /// a handle not from an [`App`](crate::App)).
+    ///
+    /// Made for the admin server, so that it answers through the drain
+    /// (`/readyz` 503, pause and resume 409) and stops after it:
+    ///
+    /// ```no_run
+    /// # async fn serve(app: acemq::App) -> std::process::ExitCode {
+    /// let health = app.health();
+    /// let admin = acemq::admin::router(health.clone());
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await.unwrap();
+    /// let server = tokio::spawn(async move {
+    ///     axum::serve(listener, admin).with_graceful_shutdown(health.drained()).await
+    /// });
+    /// let code = app.run().await;
+    /// let _ = server.await; // ended with the drain
+    /// code
+    /// # }
+    /// ```
+    pub fn drained(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.inner.drained.clone().cancelled_owned()
+    }
+
+    /// Whether the drain has ended (see [`drained`](Self::drained)).
+    pub fn is_drained(&self) -> bool {
+        self.inner.drained.is_cancelled()
     }
 
     /// The per-queue in-flight counter the runner's stacks report to.
@@ -187,6 +225,10 @@ impl Health {
 
     pub(crate) fn set_draining(&self) {
         self.inner.draining.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn set_drained(&self) {
+        self.inner.drained.cancel();
     }
 
     pub(crate) fn add_queue(&self, name: &str, gate: PauseHandle, stats: Arc<QueueStats>) {
@@ -272,6 +314,7 @@ impl Health {
                 paused: q.gate.is_paused(),
                 orphaned: q.stats.orphaned.load(Ordering::Relaxed),
                 settle_frames: q.stats.settle_frames.load(Ordering::Relaxed),
+                inbox_duplicates: acemq_layers::inbox::duplicates(&q.name),
                 name: q.name,
             })
             .collect();

@@ -51,7 +51,8 @@ pub struct Running {
 
 impl Running {
     /// Waits for SIGTERM, SIGINT, SIGHUP or SIGQUIT, then drains and returns the exit code:
-    /// 0 clean, 75 when the deadline expired. A second signal during the
+    /// 0 clean, 75 when the stop was not clean (the deadline expired, or a
+    /// channel was lost during the drain). A second signal during the
     /// drain skips straight to cancellation and abandon. The signal handlers
     /// only push to a channel; the drain runs on the task that called `run`.
     pub async fn run(self) -> ExitCode {

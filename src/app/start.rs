@@ -20,13 +20,13 @@ use super::generation::Starter;
 use super::running::Running;
 use super::supervisor::{self, Conn, Opened, QueueSlot, Shared};
 use crate::amqp::connection::{
-    connect_any_via, redact, resolve_addresses, ConnectOptions, ConnectionFactory, ConnectionRole,
-    Via,
+    connect_any_via, redact, ConnectOptions, ConnectionFactory, ConnectionRole, Via,
 };
 use crate::amqp::publisher::Publisher;
 use crate::amqp::topology::Topology;
 use crate::app::drain::{Background, Drain, Link};
 use crate::app::health::Health;
+use crate::config::address::resolve_checked_addresses;
 use crate::config::{Config, ConfigError};
 use crate::consumer::QueueStats;
 
@@ -59,7 +59,7 @@ impl App {
         } = self;
         let declared = apply_policies_and_validate(&mut config, policies, &starters)?;
         warn_if_drain_outlasts_host(&config);
-        let plan = Plan::new(config, declared, addr, name, factory);
+        let plan = Plan::new(config, declared, addr, name, factory)?;
         tokio::pin!(stop);
         let started = connect_until(&plan, &health, stop.as_mut()).await?;
         let consume_conn = started.consume_conn;
@@ -133,20 +133,21 @@ impl Plan {
         addr: Option<String>,
         name: String,
         factory: Option<ConnectionFactory>,
-    ) -> Self {
+    ) -> Result<Self, ConfigError> {
         // Code, then AMQP_ADDR (may be a comma-separated list), then the
-        // config's `addresses`, then the local default.
+        // config's `addresses`, then the local default; every address of
+        // the list picked is checked, not only the one that answers.
         let code: Option<Vec<String>> = addr.map(|a| vec![a]);
-        let addresses = resolve_addresses(code.as_deref(), &config.addresses);
+        let addresses = resolve_checked_addresses(code.as_deref(), &config.addresses)?;
         let options = ConnectOptions::from_config(&config);
-        Plan {
+        Ok(Plan {
             config,
             declared,
             addresses,
             options,
             name,
             factory,
-        }
+        })
     }
 }
 

@@ -44,7 +44,7 @@ impl Config {
     fn parse(text: &str, format: Format, path: Option<&Path>) -> Result<Config, ConfigError> {
         let parsed = match format {
             Format::Yaml => serde_yaml_ng::from_str::<Config>(text).map_err(|e| e.to_string()),
-            Format::Toml => toml::from_str::<Config>(text).map_err(|e| e.to_string()),
+            Format::Toml => toml::from_str::<Config>(text).map_err(|e| one_line_toml(text, &e)),
             Format::Json => serde_json::from_str::<Config>(text).map_err(|e| e.to_string()),
         };
         let config = parsed.map_err(|message| ConfigError::Parse {
@@ -54,6 +54,21 @@ impl Config {
         })?;
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// A TOML error on one line: where (line and column, from 1) and what. The
+/// parser's own text quotes the line over several.
+fn one_line_toml(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("{message} at line {line}, column {column}")
+        }
+        None => message,
     }
 }
 
@@ -222,6 +237,7 @@ retries = { max_attempts = 5, initial_delay = 10, max_delay = 300, broker_wait_t
             toml.contains("prefetchh") && toml.contains("line 3"),
             "{toml}"
         );
+        assert!(!toml.contains('\n'), "one line: {toml}");
         let json = Config::from_json_str(r#"{"queues":[{"name":"q","prefetchh":4}]}"#)
             .unwrap_err()
             .to_string();

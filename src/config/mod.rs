@@ -52,6 +52,7 @@ mod schema;
 #[cfg(test)]
 mod test_support;
 mod validate;
+mod validate_limits;
 mod validate_routing;
 
 pub use error::{ConfigError, Format};

@@ -53,7 +53,8 @@ impl QueueType {
 #[non_exhaustive]
 pub struct QueueConfig {
     /// The queue's name in RabbitMQ (required; not empty, no whitespace or
-    /// control characters, not starting with `amq.`).
+    /// control characters, not starting with `amq.`, not the `.dlq` or a
+    /// rung acemq declares for another queue of the config).
     pub name: String,
     /// The queue type, key `type` (default [`QueueType::Classic`]).
     #[serde(rename = "type", default)]
@@ -63,7 +64,10 @@ pub struct QueueConfig {
     #[serde(default = "QueueConfig::default_prefetch")]
     pub prefetch: u16,
     /// How many handlers may run at once on this queue (default 8; at least
-    /// 1).
+    /// 1, at most `prefetch`: the broker sends at most `prefetch`
+    /// unacknowledged deliveries, so handlers beyond it could never run. The
+    /// default beside a smaller `prefetch` is accepted and runs at most
+    /// `prefetch` handlers).
     #[serde(default = "QueueConfig::default_concurrency")]
     pub concurrency: usize,
     /// Declare `{name}.dlq` and dead-letter there, with the reason, what
@@ -115,6 +119,16 @@ pub struct QueueConfig {
     /// (see [`OrderedBy`](super::OrderedBy)); none by default.
     #[serde(default)]
     pub ordered_by: Option<super::ordering::OrderedBy>,
+    /// How many times the broker may time out a message's acknowledgement
+    /// (its `consumer_timeout`: it closes the channel, or on RabbitMQ 4.3
+    /// cancels the consumer, and every unacknowledged delivery comes back)
+    /// before the message is dead-lettered with reason `consumer-timeout`,
+    /// without calling the handler again (default 2; 1 to 100). Any queue
+    /// type. Counted in this process only: see
+    /// `docs/reliability/consumer-timeout.md` for which delivery a timeout
+    /// is counted against.
+    #[serde(default = "QueueConfig::default_consumer_timeout_strikes")]
+    pub consumer_timeout_strikes: u32,
 }
 
 impl QueueConfig {
@@ -140,7 +154,18 @@ impl QueueConfig {
             bindings: Vec::new(),
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
             ordered_by: None,
+            consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
         }
+    }
+
+    /// The default `consumer_timeout_strikes`: 2.
+    pub const DEFAULT_CONSUMER_TIMEOUT_STRIKES: u32 = 2;
+    /// The largest `consumer_timeout_strikes` accepted: 100 (each strike
+    /// costs a whole `consumer_timeout`).
+    pub const MAX_CONSUMER_TIMEOUT_STRIKES: u32 = 100;
+
+    fn default_consumer_timeout_strikes() -> u32 {
+        QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES
     }
 
     /// The default `max_redeliveries`: 50.
@@ -194,16 +219,19 @@ impl QueueConfig {
 #[non_exhaustive]
 pub struct RetriesConfig {
     /// Attempts in all, the first included (required; at least 1; 1 means no
-    /// retry).
+    /// retry; at most [`RetriesConfig::MAX_ATTEMPTS`], 1,000,000).
     pub max_attempts: u32,
-    /// The delay after the first failure (required; not zero).
+    /// The delay after the first failure (required; not zero; at most
+    /// [`RetriesConfig::MAX_DELAY`], RabbitMQ's longest TTL, 49 days 17 h).
     #[serde(deserialize_with = "duration::deserialize")]
     pub initial_delay: Duration,
-    /// The cap on any delay (required; at least `initial_delay`).
+    /// The cap on any delay (required; at least `initial_delay`; at most
+    /// [`RetriesConfig::MAX_DELAY`]).
     #[serde(deserialize_with = "duration::deserialize")]
     pub max_delay: Duration,
     /// Delays at or above this wait on a rung queue in the broker, shorter
-    /// ones in this process (default 30 s).
+    /// ones in this process (default 30 s; at most
+    /// [`RetriesConfig::MAX_DELAY`]).
     #[serde(
         default = "RetriesConfig::default_broker_wait_threshold",
         deserialize_with = "duration::deserialize"
@@ -291,7 +319,8 @@ impl RetriesConfig {
 pub struct AckBatch {
     /// The run's length; `None` for the default; `Some(0)` off.
     pub count: Option<usize>,
-    /// The time bound; `None` for the default (2 ms).
+    /// The time bound; `None` for the default (2 ms); at most
+    /// [`AckBatch::MAX_DELAY`], 1 s.
     pub delay: Option<Duration>,
 }
 

@@ -34,9 +34,9 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ExchangeConfig {
-    /// The exchange's name (required; not empty, not starting with `amq.`,
-    /// RabbitMQ's own, which exist already and can be bound to without
-    /// declaring them).
+    /// The exchange's name (required; not empty, at most 255 bytes, not
+    /// starting with `amq.`, RabbitMQ's own, which exist already and can be
+    /// bound to without declaring them).
     pub name: String,
     /// The exchange type, key `type` (required): `direct`, `topic`, `fanout`
     /// or `headers`.
@@ -120,7 +120,9 @@ impl BindingConfig {
 }
 
 /// Queue or binding arguments, by name: `x-max-length: 1000`,
-/// `x-single-active-consumer: true`, `x-match: any`.
+/// `x-single-active-consumer: true`, `x-match: any`. A name is at most 255
+/// bytes (an AMQP short string), as is a binding's exchange name and each
+/// routing key.
 pub type Arguments = BTreeMap<String, ArgValue>;
 
 /// One argument's value: what YAML, TOML and JSON can write plainly.

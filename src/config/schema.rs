@@ -20,21 +20,24 @@ use super::routing::ExchangeConfig;
 #[non_exhaustive]
 pub struct Config {
     /// The one deadline for the whole drain, all consumers together (default
-    /// 20 s). Must not be zero, and with `abandon_after` should fit inside
-    /// `host_timeout` (see [`Config::host_deadline_warning`]).
+    /// 20 s; at most [`Config::MAX_DRAIN_DURATION`], 24 h). Must not be zero,
+    /// and with `abandon_after` should fit inside `host_timeout` (see
+    /// [`Config::host_deadline_warning`]).
     #[serde(deserialize_with = "duration::deserialize")]
     pub shutdown_timeout: Duration,
     /// How long handlers still running when `shutdown_timeout` passes are
     /// given, once their cancellation tokens are cancelled, before they are
-    /// abandoned (default 5 s).
+    /// abandoned (default 5 s; at most [`Config::MAX_DRAIN_DURATION`], 24 h).
     #[serde(deserialize_with = "duration::deserialize")]
     pub abandon_after: Duration,
     /// The orchestrator's grace period between SIGTERM and SIGKILL, e.g.
     /// Kubernetes' `terminationGracePeriodSeconds` (default 30 s). Used only
-    /// to warn about a drain that cannot finish in time.
+    /// to warn about a drain that cannot finish in time. At most
+    /// [`Config::MAX_DRAIN_DURATION`], 24 h.
     #[serde(deserialize_with = "duration::deserialize")]
     pub host_timeout: Duration,
-    /// How long connecting to the broker at start may take (default 10 s).
+    /// How long connecting to the broker at start may take (default 10 s; at
+    /// most [`Config::MAX_CONNECT_TIMEOUT`], 1 h).
     #[serde(deserialize_with = "duration::deserialize")]
     pub connect_timeout: Duration,
     /// What a drain does with deliveries the broker sent ahead that no
@@ -45,11 +48,17 @@ pub struct Config {
     /// order, the first that answers wins; on a loss the others are tried.
     /// `AMQP_ADDR` (one address, or several separated by commas) overrides
     /// this list, and an address given in code overrides both: see
-    /// [`crate::connection::resolve_addresses`].
+    /// [`crate::connection::resolve_addresses`]. Every address of the list
+    /// a start picks is checked first
+    /// ([`check_address`](crate::connection::check_address): scheme, host,
+    /// port, query parameters, `amqps://` only with the `tls` feature), not
+    /// only the one that answers; one that is not usable fails the start
+    /// with exit 78.
     pub addresses: Vec<String>,
     /// The heartbeat interval to ask the broker for (default: none, the
-    /// broker's own, 60 s on RabbitMQ). A dead peer is noticed after about
-    /// two intervals. A `heartbeat=` in an address's query wins over this.
+    /// broker's own, 60 s on RabbitMQ; 1 to 65535 whole seconds). A dead
+    /// peer is noticed after about two intervals. A `heartbeat=` in an
+    /// address's query wins over this.
     #[serde(deserialize_with = "duration::option::deserialize")]
     pub heartbeat: Option<Duration>,
     /// TLS files for `amqps://` addresses (default: none, the OS's root
@@ -59,7 +68,8 @@ pub struct Config {
     /// are handed back to the broker and the queue's consumer is cancelled,
     /// so other instances take the work (and the broker's
     /// `consumer_timeout`, 30 min by default, is never reached); resume
-    /// consumes again (default 30 s; `0` hands back at once).
+    /// consumes again (default 30 s; `0` hands back at once; at most
+    /// [`Config::MAX_PAUSE_HAND_BACK_AFTER`], 24 h).
     #[serde(deserialize_with = "duration::deserialize")]
     pub pause_hand_back_after: Duration,
     /// The queues to consume, started in this order (no default: at least

@@ -20,11 +20,20 @@ impl Config {
     /// it; call it yourself on a config built in code.
     ///
     /// Rejected: no queues; `shutdown_timeout` or `connect_timeout` zero; a
-    /// queue name that is empty, repeated, contains whitespace or control
-    /// characters, starts with `amq.`, or makes a derived queue name longer
-    /// than 255 bytes; `prefetch` or `concurrency` zero; `max_attempts` zero,
-    /// `initial_delay` zero, `max_delay` below `initial_delay`, or a rung
-    /// delay beyond the broker's longest TTL.
+    /// duration above its maximum (`shutdown_timeout`, `abandon_after`,
+    /// `host_timeout` and `pause_hand_back_after` 24 h, `connect_timeout`
+    /// 1 h, `heartbeat` 65535 s, the retry delays and
+    /// `broker_wait_threshold` RabbitMQ's longest TTL — 2^32 − 1 ms, 49 days
+    /// 17 hours — `ack_batch.delay` 1 s); an address that
+    /// [`check_address`](crate::connection::check_address) refuses; a queue
+    /// name that is empty, repeated, contains whitespace or control
+    /// characters, starts with `amq.`, makes a derived queue name longer
+    /// than 255 bytes, or is the dead-letter queue or a rung of another
+    /// queue; `prefetch` or `concurrency` zero, `concurrency` above
+    /// `prefetch`; `max_attempts` zero or above 1,000,000, `initial_delay`
+    /// zero, `max_delay` below `initial_delay`, or a rung delay beyond the
+    /// broker's longest TTL; an exchange name, routing key or argument name
+    /// longer than 255 bytes.
     ///
     /// A drain deadline that does not fit inside `host_timeout` is not an
     /// error: see [`Config::host_deadline_warning`].
@@ -43,14 +52,16 @@ impl Config {
                 "set it to how long connecting may take, e.g. 10s (the default)",
             ));
         }
-        for (i, addr) in self.addresses.iter().enumerate() {
-            if let Err(reason) = address::check_address(addr) {
-                return Err(ConfigError::invalid(
-                    format!("addresses[{i}]"),
-                    reason,
-                    "give each address as amqp://user:password@host:port/vhost (amqps:// for TLS)",
-                ));
-            }
+        self.validate_durations()?;
+        if let Some((i, _, reason)) = address::check_address_list(&self.addresses)
+            .into_iter()
+            .next()
+        {
+            return Err(ConfigError::invalid(
+                format!("addresses[{i}]"),
+                reason,
+                "give each address as amqp://user:password@host:port/vhost (amqps:// for TLS)",
+            ));
         }
         if self
             .heartbeat
@@ -91,6 +102,7 @@ impl Config {
                 ordered_by.validate_at(i)?;
             }
         }
+        self.validate_limits()?;
         self.validate_routing()?;
         Ok(())
     }
@@ -208,6 +220,21 @@ impl RetriesConfig {
                 "set it to at least 1 (it counts the first attempt too; 1 means no retry)",
             ));
         }
+        if self.max_attempts > RetriesConfig::MAX_ATTEMPTS {
+            return Err(ConfigError::invalid(
+                field("max_attempts"),
+                format!(
+                    "({}) is above its maximum of {}",
+                    self.max_attempts,
+                    RetriesConfig::MAX_ATTEMPTS
+                ),
+                format!(
+                    "give at most {} (the attempt header counts no further; with the delays \
+                     capped at max_delay, that many attempts already outlast any outage)",
+                    RetriesConfig::MAX_ATTEMPTS
+                ),
+            ));
+        }
         if self.initial_delay.is_zero() {
             return Err(ConfigError::invalid(
                 field("initial_delay"),
@@ -311,7 +338,7 @@ mod tests {
     fn a_max_delay_beyond_the_brokers_longest_ttl_is_rejected() {
         assert_invalid(
             &one_queue(
-                "{ name: q, retries: { max_attempts: 3, initial_delay: 2000h, max_delay: 2000h } }",
+                "{ name: q, retries: { max_attempts: 3, initial_delay: 1, max_delay: 2000h } }",
             ),
             "queues[0].retries.max_delay",
         );

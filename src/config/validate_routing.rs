@@ -1,5 +1,6 @@
 //! Checking the routing part of a config: exchanges, each queue's
-//! bindings, arguments, `passive` and `max_redeliveries` (run by
+//! bindings, arguments, `passive`, `max_redeliveries` and
+//! `consumer_timeout_strikes` (run by
 //! [`Config::validate`]), and the handlers given against the queues
 //! consumed ([`Config::check_handlers`]).
 
@@ -61,6 +62,19 @@ impl Config {
                 "is 0",
                 "set it to at least 1 (the default, 50, is well above what deploys and \
                  reconnects cause; it bounds the broker's x-delivery-count on quorum queues)",
+            ));
+        }
+        if !(1..=QueueConfig::MAX_CONSUMER_TIMEOUT_STRIKES).contains(&q.consumer_timeout_strikes) {
+            return Err(ConfigError::invalid(
+                format!("queues[{i}].consumer_timeout_strikes"),
+                format!("is {}", q.consumer_timeout_strikes),
+                format!(
+                    "set it between 1 and {} (default {}): how many times the broker may time \
+                     out a message's acknowledgement (consumer_timeout) before it is \
+                     dead-lettered as consumer-timeout",
+                    QueueConfig::MAX_CONSUMER_TIMEOUT_STRIKES,
+                    QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES
+                ),
             ));
         }
         if q.passive {
@@ -256,6 +270,25 @@ mod tests {
         assert_eq!(field, "queues[0].arguments");
         let (field, _) = invalid("queues: [{ name: q, max_redeliveries: 0 }]");
         assert_eq!(field, "queues[0].max_redeliveries");
+    }
+
+    #[test]
+    fn consumer_timeout_strikes_outside_1_to_100_is_rejected_naming_the_range_and_the_default() {
+        for bad in ["0", "101", "4294967295"] {
+            let (field, message) = invalid(&format!(
+                "queues: [{{ name: q, consumer_timeout_strikes: {bad} }}]"
+            ));
+            assert_eq!(field, "queues[0].consumer_timeout_strikes", "{bad}");
+            assert!(
+                message.contains(&format!("is {bad}")) && message.contains("between 1 and 100"),
+                "{message}"
+            );
+        }
+        let ok =
+            Config::from_yaml_str("queues: [{ name: q, consumer_timeout_strikes: 5 }]").unwrap();
+        assert_eq!(ok.queues[0].consumer_timeout_strikes, 5);
+        let default = Config::from_yaml_str("queues: [{ name: q }]").unwrap();
+        assert_eq!(default.queues[0].consumer_timeout_strikes, 2);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use lapin::Channel;
@@ -17,6 +18,8 @@ use tracing::{debug, warn};
 
 use super::handler::{start_handler, Finished, Released};
 use super::stats::{record, Outcomes, QueueStats};
+use super::strikes::{Started, Timeout};
+use super::struck::Struck;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Ledger, Op, Outcome};
 
@@ -41,7 +44,8 @@ pub(crate) enum End {
 pub(super) struct Generation<'a, S> {
     pub(super) queue: &'a Arc<str>,
     pub(super) channel: &'a Channel,
-    pub(super) service: S,
+    /// The stack, knowing each delivery by its strike key.
+    pub(super) service: Struck<S>,
     pub(super) ready: bool,
     pub(super) policy: PrefetchPolicy,
     pub(super) dead_letter: bool,
@@ -49,7 +53,12 @@ pub(super) struct Generation<'a, S> {
     pub(super) outcomes: Outcomes,
     pub(super) lifeline: Lifeline,
     pub(super) cancel: CancellationToken,
-    pub(super) buffer: VecDeque<lapin::message::Delivery>,
+    /// Fetched and not started, with when each was received.
+    pub(super) buffer: VecDeque<(lapin::message::Delivery, Instant)>,
+    /// Started and not finished: what an acknowledgement timeout strikes.
+    pub(super) started: Started,
+    /// Cancelled when the drain stops intake.
+    pub(super) intake: &'a CancellationToken,
     pub(super) ledger: Ledger,
     pub(super) ops: Vec<Op>,
     /// The stream is still read.
@@ -88,7 +97,7 @@ where
                 .buffered_after_cancel
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.buffer.push_back(raw);
+        self.buffer.push_back((raw, Instant::now()));
     }
 
     /// The stream ended (`None`).
@@ -111,7 +120,8 @@ where
                 .into(),
             );
         } else {
-            warn!(queue = %self.queue, "the broker cancelled this consumer (was the queue deleted?); consuming it again");
+            warn!(queue = %self.queue, "the broker cancelled this consumer (was the queue deleted, or, on RabbitMQ 4.3, an acknowledgement timed out?); consuming it again");
+            self.timed_out(Timeout::ConsumerCancelled);
             self.end(End::CancelledByBroker);
         }
     }
@@ -123,6 +133,11 @@ where
             return;
         }
         self.lost = true;
+        if let Some(why) = Timeout::of_close(&error) {
+            self.timed_out(why);
+        }
+        self.lost_in_drain(&error);
+        self.started.clear();
         self.lifeline.lose();
         // What is held goes back with the channel: not waited for.
         self.lifeline.hand_back_held();
@@ -139,12 +154,47 @@ where
         self.end(End::Lost(error));
     }
 
+    /// The broker timed out an acknowledgement: the suspects are struck
+    /// (see `strikes`), each with a log line.
+    fn timed_out(&self, why: Timeout) {
+        let limit = self.service.limit();
+        for (tag, strikes) in self.started.strike(&self.stats.strikes, why) {
+            metrics::counter!("acemq.consumer.timeout_strikes", "queue" => self.queue.to_string())
+                .increment(1);
+            warn!(
+                queue = %self.queue,
+                delivery_tag = tag,
+                strikes,
+                consumer_timeout_strikes = limit,
+                ?why,
+                "the broker timed out this delivery's acknowledgement (consumer_timeout): strike {strikes} of {limit}; when it comes back after {limit} it is dead-lettered as consumer-timeout"
+            );
+        }
+    }
+
+    /// During the drain (not the drain's own close), a loss costs the
+    /// outcomes of the handlers still running and those not yet sent: the
+    /// broker redelivers those messages and their work is done again.
+    fn lost_in_drain(&self, error: &lapin::Error) {
+        if !self.intake.is_cancelled() || self.stats.drain_closing.load(Ordering::Acquire) {
+            return;
+        }
+        let running = self.started.len();
+        let unsent = self.ledger.held();
+        let lost = running + unsent;
+        if lost > 0 {
+            self.stats.lost_in_drain.fetch_add(lost, Ordering::Relaxed);
+            warn!(queue = %self.queue, running, unsent, error = %error, "the channel was lost during the drain: {running} handler(s) still running are cancelled and {unsent} outcome(s) not yet sent are dropped; the broker redelivers those {lost} message(s), and work already done for them is done again");
+        }
+    }
+
     /// A handler finished.
     pub(super) fn finished(
         &mut self,
         (decision, tag, started, held): Finished,
         intake: &CancellationToken,
     ) {
+        let key = self.started.remove(tag);
         if held {
             self.held_handed_back(tag);
             return;
@@ -162,6 +212,11 @@ where
             }
         }
         let outcome = Outcome::of(&decision);
+        if let (Some(key), Outcome::Ack | Outcome::Reject) = (key, outcome) {
+            // Settled: a message struck before starts afresh if it is ever
+            // published again.
+            self.stats.strikes.forget(key);
+        }
         self.ledger.record(tag, outcome, &mut self.ops);
     }
 
@@ -181,7 +236,7 @@ where
     /// Under `hand_back`, once the cancel is answered: what is buffered
     /// goes back.
     pub(super) fn hand_back_buffered(&mut self) {
-        while let Some(raw) = self.buffer.pop_front() {
+        while let Some((raw, _)) = self.buffer.pop_front() {
             self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
             self.outcomes.handed_back.increment(1);
             self.ledger
@@ -220,16 +275,14 @@ where
                 Poll::Pending => return Poll::Pending,
             }
         }
-        let Some(raw) = self.buffer.pop_front() else {
+        let Some((raw, received)) = self.buffer.pop_front() else {
             return Poll::Ready(None);
         };
         self.ready = false;
-        Poll::Ready(Some(start_handler(
-            &mut self.service,
-            self.queue,
-            &self.lifeline,
-            raw,
-        )))
+        let tag = raw.delivery_tag;
+        let handler = start_handler(&mut self.service, self.queue, &self.lifeline, raw);
+        self.started.insert(tag, received, self.service.last_key());
+        Poll::Ready(Some(handler))
     }
 
     /// Publishes the buffered and unsettled gauges (`settling`: settles

@@ -44,13 +44,19 @@
 //! - `generation`: the generation's state and its transitions, and [`End`];
 //! - `handler`: one handler's future ([`Released`] says when the pause gate
 //!   let it through);
-//! - `stats`: the queue's counters ([`QueueStats`]) and metric handles.
+//! - `stats`: the queue's counters ([`QueueStats`]) and metric handles;
+//! - `strikes`: which delivery a broker's acknowledgement timeout was
+//!   about, and the queue's bounded memory of struck messages;
+//! - `struck`: the wrapper that tells the stack about a message struck
+//!   before (dead-lettered as `consumer-timeout` once it has struck out).
 
 mod generation;
 mod handler;
 mod rounds;
 mod run;
 mod stats;
+mod strikes;
+mod struck;
 
 pub(crate) use generation::End;
 pub(crate) use handler::Released;

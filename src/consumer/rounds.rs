@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery};
@@ -24,6 +25,11 @@ use crate::settle::ledger::Op;
 /// How many rounds one poll of the loop may make before it yields to the
 /// runtime (so a busy stream cannot starve other tasks).
 const POLL_BUDGET: usize = 64;
+
+/// How often the channel's status is looked at once its stream has ended
+/// (the drain's `basic.cancel` was answered) while handlers or settles
+/// remain: nothing else reports a channel closed after that.
+const CHANNEL_CHECK: Duration = Duration::from_millis(100);
 
 /// The loop between two polls: the generation's state, the handlers and
 /// settles it drives, and the signals it watches.
@@ -51,6 +57,9 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H, T> {
     /// The time bound of what the ledger holds.
     pub(super) timer: Pin<&'p mut Sleep>,
     pub(super) timer_armed: bool,
+    /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
+    pub(super) check: Pin<&'p mut Sleep>,
+    pub(super) check_armed: bool,
 }
 
 impl<'a, S, H, T> Rounds<'a, '_, '_, S, H, T>
@@ -76,6 +85,7 @@ where
             progressed |= self.notice_cancel_answered(cx);
             progressed |= self.notice_handlers_cancelled(cx);
             progressed |= self.read_stream(cx);
+            progressed |= self.watch_channel(cx);
             progressed |= self.collect_finished(cx);
             progressed |= self.hand_back();
             progressed |= self.start_handlers(cx, &mut start);
@@ -152,6 +162,42 @@ where
             progressed = true;
         }
         progressed
+    }
+
+    /// Once the stream has ended, nothing reports a closed channel: while
+    /// handlers run or settles remain, its status is looked at every
+    /// [`CHANNEL_CHECK`], and a channel found closed loses the generation
+    /// (its handlers are cancelled, their outcomes are orphans).
+    fn watch_channel(&mut self, cx: &mut Context<'_>) -> bool {
+        let st = &mut self.st;
+        let busy = !self.handlers.is_empty() || st.ledger.held() > 0 || !self.settles.is_empty();
+        if st.reading || st.lost || !busy {
+            self.check_armed = false;
+            return false;
+        }
+        loop {
+            if !st.channel.status().connected() {
+                self.check_armed = false;
+                st.lose(
+                    lapin::ErrorKind::InvalidChannelState(
+                        lapin::ChannelState::Closed,
+                        "the channel closed after its consumer's stream ended",
+                    )
+                    .into(),
+                );
+                return true;
+            }
+            if !self.check_armed {
+                self.check
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + CHANNEL_CHECK);
+                self.check_armed = true;
+            }
+            if self.check.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.check_armed = false;
+        }
     }
 
     /// Finished handlers: record, then settle (through the ledger).

@@ -20,6 +20,8 @@ use super::generation::{End, Generation};
 use super::handler::Released;
 use super::rounds::Rounds;
 use super::stats::{LoopGauge, Outcomes, QueueStats};
+use super::strikes::Started;
+use super::struck::Struck;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Ledger};
 use crate::settle::wire::send;
@@ -35,6 +37,8 @@ pub(crate) struct ConsumerLoop<S> {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) policy: PrefetchPolicy,
     pub(crate) dead_letter: bool,
+    /// The queue's `consumer_timeout_strikes`.
+    pub(crate) timeout_strikes: u32,
     pub(crate) bounds: Bounds,
     /// Cancelled when the drain stops intake.
     pub(crate) intake: CancellationToken,
@@ -64,6 +68,7 @@ where
             slots,
             policy,
             dead_letter,
+            timeout_strikes,
             bounds,
             intake,
             stats,
@@ -76,7 +81,7 @@ where
         let st = Generation {
             queue: &queue,
             channel: &channel,
-            service,
+            service: Struck::new(service, stats.clone(), timeout_strikes),
             ready: false,
             policy,
             dead_letter,
@@ -85,6 +90,8 @@ where
             lifeline,
             cancel,
             buffer: VecDeque::new(),
+            started: Started::default(),
+            intake: &intake,
             ledger: Ledger::new(bounds),
             ops: Vec::new(),
             reading: true,
@@ -112,7 +119,8 @@ where
         let stop = intake.cancelled();
         let cancel_answered = stats.consumer_cancelled.cancelled();
         let timer = tokio::time::sleep(bounds.delay);
-        tokio::pin!(stop, cancel_answered, timer, handlers_cancelled);
+        let check = tokio::time::sleep(bounds.delay);
+        tokio::pin!(stop, cancel_answered, timer, handlers_cancelled, check);
         let mut rounds = Rounds {
             settles,
             handlers,
@@ -125,6 +133,8 @@ where
             cancel_woken: false,
             timer,
             timer_armed: false,
+            check,
+            check_armed: false,
         };
         poll_fn(|cx| rounds.poll(cx, Generation::poll_start, send)).await;
         rounds.st.publish_gauges(0);

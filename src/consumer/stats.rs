@@ -8,6 +8,8 @@ use acemq_layers::Decision;
 use metrics::Counter;
 use tokio_util::sync::CancellationToken;
 
+use super::strikes::Strikes;
+
 /// Per-queue counters shared by the loops of every generation, the drain
 /// and the health handle.
 #[derive(Debug, Default)]
@@ -30,6 +32,15 @@ pub(crate) struct QueueStats {
     pub(crate) abandoned: AtomicUsize,
     /// Outcomes dropped because their channel was gone.
     pub(crate) orphaned: AtomicUsize,
+    /// Outcomes lost with a channel or connection during the drain: handlers
+    /// running and outcomes not yet sent when it was lost (the broker
+    /// redelivers those messages).
+    pub(crate) lost_in_drain: AtomicUsize,
+    /// The drain is closing the channels itself: a close now is no loss.
+    pub(crate) drain_closing: AtomicBool,
+    /// Messages whose acknowledgement the broker timed out, and how often
+    /// (every generation of the queue).
+    pub(crate) strikes: Strikes,
     /// Settle frames sent (acks, multiple or not, nacks, rejects).
     pub(crate) settle_frames: AtomicUsize,
     /// The queue has no live consumer (recovering, or given up): readiness

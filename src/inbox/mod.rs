@@ -5,9 +5,9 @@
 //! [`InboxLayer`](acemq_layers::inbox::InboxLayer). For each delivery with a
 //! message id it takes a connection from the pool, opens a transaction and
 //! inserts `(queue, message_id)` into `acemq_inbox` with `ON CONFLICT DO
-//! NOTHING` (one round trip: `BEGIN` and the insert are pipelined). No row
-//! inserted means the key was committed before: the delivery is a duplicate
-//! and the handler is skipped. Otherwise the handler finds a
+//! NOTHING` (one round trip: `BEGIN`, the insert and `pg_current_xact_id()`
+//! are pipelined). No row inserted means the key was committed before: the
+//! delivery is a duplicate and the handler is skipped. Otherwise the handler finds a
 //! [`PgTransaction`] in the delivery's extensions and does its writes
 //! through it; the layer commits after `Ok` and before the ack.
 //!
@@ -23,8 +23,13 @@
 //! - Only writes through the [`PgTransaction`] get this guarantee. An HTTP
 //!   call or a publish from the handler is at-least-once still (publish
 //!   through the [outbox](crate::outbox) in the same transaction instead:
-//!   [`Outbox::enqueue`](crate::outbox::Outbox::enqueue) takes
-//!   [`PgTransaction::client`]'s transaction — see `examples/outbox.rs`).
+//!   [`InboxClient::enqueue`] — see `examples/outbox.rs`).
+//! - The handler cannot end the transaction: [`InboxClient`] has statement
+//!   methods and no `transaction()`. A `COMMIT` or `ROLLBACK` sent as a
+//!   statement is found before the commit (the transaction's id, recorded at
+//!   `BEGIN`, is compared with the open one's): the delivery is dead-lettered
+//!   at once with reason `transaction-ended`, and a mark committed early is
+//!   removed so that a replay is handled.
 //! - Marks older than what you keep are deleted by [`PgInbox::expire`] (or
 //!   [`PgInbox::spawn_expiry`]); a duplicate arriving after that is handled
 //!   again.
@@ -34,6 +39,7 @@
 //! ```no_run
 //! use acemq::inbox::{PgInbox, PgTransaction};
 //! use acemq::layers::inbox::InboxLayer;
+//! use acemq::outbox::OutboxMessage;
 //! use acemq::{BoxError, Delivery};
 //! use tower::ServiceBuilder;
 //!
@@ -42,17 +48,23 @@
 //!     .layer(InboxLayer::new(PgInbox::new(pool)))
 //!     .service_fn(|d: Delivery| async move {
 //!         let tx = PgTransaction::of(&d)?;
-//!         tx.client()
-//!             .await
+//!         let client = tx.client().await;
+//!         client
 //!             .execute("INSERT INTO shipments (order_id) VALUES ($1)", &[&"o-1"])
+//!             .await?;
+//!         // A follow-up, published by the relay once this commits:
+//!         client
+//!             .enqueue(&OutboxMessage::to_queue("shipped", "o-1").message_id("o-1-shipped"))
 //!             .await?;
 //!         Ok::<_, BoxError>(())
 //!     });
 //! # let _ = handler; }
 //! ```
 
+mod client;
 mod store;
 mod transaction;
 
+pub use client::InboxClient;
 pub use store::PgInbox;
 pub use transaction::{NoTransaction, PgTransaction};

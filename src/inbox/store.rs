@@ -3,11 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use acemq_layers::inbox::{Begun, InboxStore};
+use acemq_layers::inbox::{Begun, InboxStore, TransactionEnded};
 use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
 
-use super::transaction::PgTransaction;
+use super::transaction::{Committed, PgTransaction};
 use crate::outbox::error::{db, OutboxError};
 
 const MARK: &str =
@@ -87,26 +87,46 @@ impl InboxStore for PgInbox {
             let client = pool.get().await.map_err(|e| OutboxError::Pool {
                 message: e.to_string(),
             })?;
-            let Some((queue, id)) = key else {
-                client
-                    .batch_execute("BEGIN")
-                    .await
-                    .map_err(db("opening the inbox transaction"))?;
-                return Ok(Begun::Fresh(PgTransaction::new(client)));
+            let mark = match key {
+                Some(_) => Some(client.prepare_cached(MARK).await.map_err(db(
+                    "preparing the inbox mark (did you run acemq::outbox::migrate?)",
+                ))?),
+                None => None,
             };
-            let mark = client.prepare_cached(MARK).await.map_err(db(
-                "preparing the inbox mark (did you run acemq::outbox::migrate?)",
-            ))?;
-            // Pipelined: one round trip for both.
-            let (begun, inserted) = futures::future::join(
+            // Pipelined: BEGIN, the mark (with a key) and the transaction's
+            // id in one round trip.
+            let insert = async {
+                match (&mark, &key) {
+                    (Some(mark), Some((queue, id))) => client.execute(mark, &[queue, id]).await,
+                    _ => Ok(1),
+                }
+            };
+            let (begun, inserted, xid) = futures::future::join3(
                 client.batch_execute("BEGIN"),
-                client.execute(&mark, &[&queue, &id]),
+                insert,
+                client.simple_query(XID),
             )
             .await;
-            let tx = PgTransaction::new(client);
-            begun.map_err(db("opening the inbox transaction"))?;
-            let inserted = inserted.map_err(db("writing the inbox mark"))?;
-            if inserted == 0 {
+            let opened = begun.and(xid).map_err(db("opening the inbox transaction"));
+            let inserted = inserted.map_err(db("writing the inbox mark"));
+            let xid = match opened.map(|rows| parse_xid(&rows)) {
+                Ok(Some(xid)) => xid,
+                Ok(None) => {
+                    // Not a transaction id: this connection cannot be trusted.
+                    drop(deadpool_postgres::Object::take(client));
+                    return Err(OutboxError::Pool {
+                        message: "pg_current_xact_id() answered no transaction id".to_owned(),
+                    });
+                }
+                Err(e) => {
+                    drop(PgTransaction::new(client, 0, None)); // rolls back
+                    return Err(e);
+                }
+            };
+            let duplicate = matches!(inserted, Ok(0));
+            let tx = PgTransaction::new(client, xid, key);
+            inserted?;
+            if duplicate {
                 // `tx` drops here: rolled back, connection back to the pool.
                 return Ok(Begun::Duplicate);
             }
@@ -116,10 +136,36 @@ impl InboxStore for PgInbox {
 
     fn commit(&self, transaction: PgTransaction) -> Self::CommitFuture {
         Box::pin(async move {
-            transaction
+            let committed = transaction
                 .commit()
                 .await
-                .map_err(db("committing the handler's work and the inbox mark"))
+                .map_err(db("committing the handler's work and the inbox mark"))?;
+            match committed {
+                Committed::Yes => Ok(()),
+                Committed::Ended { mark_removed } => {
+                    let key = transaction.key();
+                    tracing::error!(
+                        queue = key.map(|(q, _)| q),
+                        message_id = key.map(|(_, id)| id),
+                        mark_removed,
+                        "the handler ended the inbox's transaction itself (a COMMIT or ROLLBACK \
+                         statement): its work and the mark did not commit together; dead-lettering \
+                         the delivery (a mark committed early is removed, so a replay is handled)"
+                    );
+                    Err(OutboxError::TransactionEnded(TransactionEnded::new(key)))
+                }
+            }
         })
     }
+}
+
+/// `pg_current_xact_id()` in the simple query protocol: its text form.
+const XID: &str = "SELECT pg_current_xact_id()";
+
+/// The transaction id in the answer to [`XID`].
+fn parse_xid(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<u64> {
+    messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+        _ => None,
+    })
 }

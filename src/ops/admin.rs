@@ -30,7 +30,9 @@
 //! # }
 //! ```
 //!
-//! Served beside an [`App`](crate::App), with your own routes:
+//! Served beside an [`App`](crate::App), on an address of its own, through
+//! the drain and stopped once it has ended
+//! ([`Health::drained`](crate::Health::drained)):
 //!
 //! ```no_run
 //! use acemq::{App, Config, Delivery};
@@ -42,11 +44,15 @@
 //!     "shop.orders",
 //!     service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
 //! );
-//! // Nest it under a prefix beside your own routes, or serve it alone.
-//! let admin = axum::Router::new().nest("/admin", acemq::admin::router(app.health()));
+//! let health = app.health();
+//! let admin = axum::Router::new().nest("/admin", acemq::admin::router(health.clone()));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await.unwrap();
-//! tokio::spawn(async move { axum::serve(listener, admin).await });
-//! app.run().await
+//! let server = tokio::spawn(async move {
+//!     axum::serve(listener, admin).with_graceful_shutdown(health.drained()).await
+//! });
+//! let code = app.run().await;
+//! let _ = server.await;
+//! code
 //! # }
 //! ```
 //!
@@ -85,6 +91,27 @@
 //! `POST …/resume` consumes the queue again. Wire `/readyz` to a readiness probe and
 //! `/healthz` to a liveness probe, never the other way round: a draining
 //! instance is not ready but alive, finishing the work the drain waits for.
+//!
+//! # Through the drain
+//!
+//! Serve the admin router on its own address and stop it with
+//! `with_graceful_shutdown(health.drained())`: it answers through the whole
+//! drain — `/readyz` `503` from the drain's first step, so the orchestrator
+//! sees a draining instance rather than a closed port; `/queues` shows what
+//! is still in flight; pause and resume `409` — and stops once the drain
+//! has ended. Your own routes (a separate server) stop before the drain,
+//! after readiness flips ([`Running::stop_readiness`](crate::Running::stop_readiness)):
+//!
+//! 1. a stop signal: readiness off;
+//! 2. your routes: axum's graceful shutdown finishes the requests in
+//!    progress and takes no new ones;
+//! 3. the drain (the admin routes answer on);
+//! 4. the drain has ended: the admin server stops.
+//!
+//! `examples/axum_side_by_side.rs` runs exactly this on one
+//! [`Signals`](crate::Signals). Nesting the admin router in your own
+//! server instead ties the two together: stopping it before the drain
+//! closes `/readyz` with it.
 //!
 //! # Before start
 //!

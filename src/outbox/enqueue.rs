@@ -1,7 +1,7 @@
 //! Writing a message into the outbox, inside the caller's transaction.
 
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Transaction;
+use tokio_postgres::{GenericClient, Transaction};
 
 use super::error::OutboxError;
 use super::message::{encode_headers, OutboxMessage};
@@ -25,7 +25,9 @@ impl Outbox {
     /// `tx` commits, and disappears with `tx` if it rolls back — the message
     /// and your business rows are one atomic unit. A
     /// `deadpool_postgres::Transaction` derefs to the `tokio_postgres` one:
-    /// pass `&tx` as it is.
+    /// pass `&tx` as it is. In a handler behind the
+    /// [inbox](crate::inbox), enqueue on the inbox's transaction instead:
+    /// [`InboxClient::enqueue`](crate::inbox::InboxClient::enqueue).
     ///
     /// ```no_run
     /// # async fn f(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -47,34 +49,43 @@ impl Outbox {
         tx: &Transaction<'_>,
         message: &OutboxMessage,
     ) -> Result<String, OutboxError> {
-        let p = &message.properties;
-        let headers = encode_headers(&message.headers);
-        let priority = p.priority.map(i16::from);
-        let delivery_mode = i16::from(p.delivery_mode.unwrap_or(2));
-        let body: &[u8] = &message.body;
-        let params: [&(dyn ToSql + Sync); 14] = [
-            &p.message_id,
-            &message.exchange,
-            &message.routing_key,
-            &body,
-            &headers,
-            &p.content_type,
-            &p.content_encoding,
-            &p.correlation_id,
-            &p.reply_to,
-            &p.expiration,
-            &priority,
-            &p.kind,
-            &p.app_id,
-            &delivery_mode,
-        ];
-        let row = tx
-            .query_one(INSERT, &params)
-            .await
-            .map_err(|source| OutboxError::Database {
-                doing: "writing a message into acemq_outbox (did you run acemq::outbox::migrate?)",
-                source,
-            })?;
-        Ok(row.get(0))
+        insert(tx, message).await
     }
+}
+
+/// Writes `message` into the outbox on `client` (a transaction, or the
+/// connection of the inbox's open transaction) and returns its message id.
+pub(crate) async fn insert<C: GenericClient>(
+    client: &C,
+    message: &OutboxMessage,
+) -> Result<String, OutboxError> {
+    let p = &message.properties;
+    let headers = encode_headers(&message.headers);
+    let priority = p.priority.map(i16::from);
+    let delivery_mode = i16::from(p.delivery_mode.unwrap_or(2));
+    let body: &[u8] = &message.body;
+    let params: [&(dyn ToSql + Sync); 14] = [
+        &p.message_id,
+        &message.exchange,
+        &message.routing_key,
+        &body,
+        &headers,
+        &p.content_type,
+        &p.content_encoding,
+        &p.correlation_id,
+        &p.reply_to,
+        &p.expiration,
+        &priority,
+        &p.kind,
+        &p.app_id,
+        &delivery_mode,
+    ];
+    let row = client
+        .query_one(INSERT, &params)
+        .await
+        .map_err(|source| OutboxError::Database {
+            doing: "writing a message into acemq_outbox (did you run acemq::outbox::migrate?)",
+            source,
+        })?;
+    Ok(row.get(0))
 }

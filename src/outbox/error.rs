@@ -19,6 +19,11 @@ pub enum OutboxError {
         /// The pool's error.
         message: String,
     },
+    /// The handler ended the inbox's transaction itself (a `COMMIT` or
+    /// `ROLLBACK` statement on it): found by the inbox's commit; the
+    /// delivery is dead-lettered at once with reason `transaction-ended`.
+    #[error("{0}")]
+    TransactionEnded(#[source] acemq_layers::inbox::TransactionEnded),
     /// The connection settings could not be read.
     #[error("bad PostgreSQL connection settings: {message} (expected e.g. \"host=127.0.0.1 user=postgres dbname=app\" or \"postgresql://user@host/db\")")]
     Config {

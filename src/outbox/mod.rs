@@ -50,8 +50,15 @@
 //!
 //! # Lifecycle
 //!
-//! Start the relay after the topology is declared; stop it before the
-//! consumers drain (publishers first, DESIGN.md): [`RelayHandle::stop`]
+//! With an [`App`](crate::App), give the relay to the runner:
+//! [`App::outbox`](crate::App::outbox) starts it once the topology is
+//! declared and stops it before the consumers drain. In a handler behind the
+//! [inbox](crate::inbox), enqueue on the inbox's transaction
+//! ([`InboxClient::enqueue`](crate::inbox::InboxClient::enqueue)): the
+//! message commits with the handler's work and the inbox's mark.
+//!
+//! Without an `App`, start the relay after the topology is declared; stop
+//! it before the consumers drain (publishers first, DESIGN.md): [`RelayHandle::stop`]
 //! lets the batch in hand finish or leaves its rows pending for the next
 //! start — nothing is lost either way.
 //!
@@ -78,7 +85,7 @@
 //! ```
 
 mod batch;
-mod enqueue;
+pub(crate) mod enqueue;
 pub(crate) mod error;
 mod message;
 mod pool;

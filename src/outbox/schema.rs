@@ -26,11 +26,20 @@ const MIGRATE_LOCK: i64 = 0x6163_656d_715f_6d67; // "acemq_mg"
 /// Safe to call on every start and from several instances at once: it takes
 /// a transaction-scoped advisory lock, applies only the migrations not yet
 /// recorded in `acemq_schema_migrations`, and commits them together.
-/// Returns how many it applied. Needs PostgreSQL 13 or later
-/// (`gen_random_uuid()`).
+/// Returns how many it applied. Quiet when there is nothing to do: inside
+/// its transaction the server sends only warnings and errors
+/// (`client_min_messages = warning`), so PostgreSQL's "already exists,
+/// skipping" notices never reach the connection or your log. Needs
+/// PostgreSQL 13 or later (`gen_random_uuid()`).
 pub async fn migrate(client: &Client) -> Result<usize, OutboxError> {
     let run = async {
-        client.batch_execute("BEGIN").await?;
+        // `BEGIN` and `SET LOCAL` in one round trip: the setting ends with
+        // the transaction. Without it, each `IF NOT EXISTS` that finds its
+        // table or index sends a NOTICE ("already exists, skipping"), which
+        // tokio-postgres logs at INFO: every start but the first.
+        client
+            .batch_execute("BEGIN; SET LOCAL client_min_messages = warning")
+            .await?;
         client
             .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
             .await?;

@@ -10,24 +10,31 @@ mod support;
 
 #[cfg(feature = "axum")]
 mod admin;
+#[cfg(feature = "axum")]
+mod admin_drain;
 mod bad_input;
 mod config_load;
 mod dead_letter;
+mod delay;
 mod drain;
 mod factory;
 mod faults;
 mod held;
+mod logs;
+mod lost_in_drain;
 mod metrics_names;
 mod ordered;
 mod pause;
 mod process;
 mod proxy;
+mod publish_options;
 mod recovery;
 mod reliability;
 mod replay;
 mod retry;
 mod round_trip;
 mod routing;
+mod rpc;
 mod settle;
 mod shop_queues;
 mod soak;

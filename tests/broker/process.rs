@@ -258,3 +258,77 @@ async fn a_wrong_password_exits_69_saying_authentication_failed_and_never_prints
         "the password leaked:\n{stdout}\n{stderr}"
     );
 }
+
+/// The lines of `stderr` that start with `prefix` (the one-line reasons).
+fn reasons<'a>(stderr: &'a str, prefix: &str) -> Vec<&'a str> {
+    stderr.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_query_parameter_or_a_non_amqp_address_in_amqp_addr_exits_78_with_one_line_each() {
+    let q = unique("proc-badaddr");
+    let yaml = config_yaml(&q, "connect_timeout: 5", "");
+    let good = crate::support::addr_as("guest", "s3cret-XYZ");
+    let bad_query = format!("{good}?heartbeat=notanumber");
+    // The broker answers at the first address; the second is still an error.
+    let list = format!("{good}, http://guest:s3cret-XYZ@127.0.0.1:15672/");
+    for (amqp_addr, says) in [
+        (
+            bad_query.as_str(),
+            "heartbeat=notanumber is not a whole number",
+        ),
+        (
+            list.as_str(),
+            "address 2 of 2: http://guest:***@127.0.0.1:15672/ has the scheme \"http\"",
+        ),
+    ] {
+        let mut shop = ShopProcess::spawn(&q, &yaml, &[("AMQP_ADDR", amqp_addr)]);
+        let status = shop.exit_within(Duration::from_secs(10)).await;
+        let (stderr, stdout) = (shop.stderr(), shop.stdout());
+        assert_eq!(status.code(), Some(78), "stderr:\n{stderr}");
+        let lines = reasons(&stderr, "acemq: ");
+        assert_eq!(lines.len(), 1, "one line:\n{stderr}");
+        assert!(
+            lines[0].starts_with("acemq: invalid config: AMQP_ADDR has 1 unusable address(es)")
+                && lines[0].contains(says),
+            "stderr:\n{stderr}"
+        );
+        assert!(!stderr.contains("is RabbitMQ running"), "stderr:\n{stderr}");
+        assert!(
+            !stderr.contains("s3cret-XYZ") && !stdout.contains("s3cret-XYZ"),
+            "the password leaked:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_above_prefetch_or_a_duration_above_its_maximum_exits_78_with_one_line() {
+    let q = unique("proc-limits");
+    for (extra, queue_extra, says) in [
+        (
+            "",
+            "    concurrency: 4294967296",
+            "shop: invalid config: queues[0].concurrency (4294967296) is above prefetch (32): \
+             lower concurrency to at most 32",
+        ),
+        (
+            "shutdown_timeout: \"99999999999999h\"",
+            "",
+            "shop: invalid config: shutdown_timeout (",
+        ),
+    ] {
+        let yaml = config_yaml(&q, extra, queue_extra);
+        let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
+        let status = shop.exit_within(Duration::from_secs(10)).await;
+        let stderr = shop.stderr();
+        assert_eq!(status.code(), Some(78), "stderr:\n{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line:\n{stderr}");
+        assert!(stderr.starts_with(says), "stderr:\n{stderr}");
+        if extra.contains("shutdown_timeout") {
+            assert!(
+                stderr.contains("above its maximum of 24h"),
+                "stderr:\n{stderr}"
+            );
+        }
+    }
+}

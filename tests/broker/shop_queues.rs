@@ -72,7 +72,14 @@ async fn repeated_queue_flags_consume_only_those_and_the_demo_batch_goes_to_the_
     let a = unique("shop.some-a");
     let b = unique("shop.some-b");
     let c = unique("shop.some-c");
-    let _cleanup = QueueCleanup::new(vec![a.clone(), b.clone(), c.clone()]);
+    // The demo batch's delayed order declares the default exchange's 2 s
+    // bucket.
+    let _cleanup = QueueCleanup::new(vec![
+        a.clone(),
+        b.clone(),
+        c.clone(),
+        "acemq.delay.2s".to_owned(),
+    ]);
     let yaml =
         format!("shutdown_timeout: 5\nqueues:\n  - name: {a}\n  - name: {b}\n  - name: {c}\n");
     let mut shop = ShopProcess::spawn_with_args(&a, &yaml, &["--queue", &c, "--queue", &b], &[]);

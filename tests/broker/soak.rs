@@ -43,9 +43,9 @@ const RESTARTS: usize = 6;
 /// up, every prefetch window is full when a stop lands, and the hand-back
 /// (SIGTERM) or redelivery (SIGKILL) of a full window is what is exercised.
 const WORK_MS: (u64, u64) = (20, 40);
-/// How a shop instance logs: the delivery span (target `acemq::consumer`)
-/// is enabled so each `order handled` line carries `acemq.redelivered`, and
-/// the consumer's debug lines (settles skipped on a closed channel) are kept.
+/// How a shop instance logs: the delivery span is on at INFO, so each
+/// `order handled` line of a redelivery carries `redelivered=true`, and the
+/// consumer's debug lines (settles skipped on a closed channel) are kept.
 const RUST_LOG: &str = "info,acemq::consumer=debug";
 
 /// `ACEMQ_SOAK_ACK_BATCH`, the queues' `ack_batch` (YAML), when set.
@@ -240,7 +240,7 @@ fn parse_log(stderr: &str) -> LogFigures {
                 .split_whitespace()
                 .find_map(|w| w.strip_prefix("order="))
                 .unwrap_or_else(|| panic!("an `order handled` line without order=: {line}"));
-            let redelivered = line.contains("acemq.redelivered=true");
+            let redelivered = line.contains(" redelivered=true");
             f.handled
                 .push((id.trim_matches('"').to_owned(), redelivered));
         }
@@ -675,7 +675,7 @@ async fn soak_competing_consumers_one_stopped_mid_stream_the_other_takes_over() 
 #[test]
 fn the_log_parser_reads_the_shops_lines() {
     let log = "\
-2026-11-29T21:33:19.406371Z  INFO acemq.process{otel.name=q process acemq.redelivered=true acemq.attempt=1 messaging.message.id=\"t-406\"}: shop: order handled order=t-406 attempt=1 outcome=\"handled\"
+2026-11-29T21:33:19.406371Z  INFO acemq.process{queue=q delivery_tag=406 message_id=\"t-406\" attempt=1 redelivered=true}: shop::handler: order handled order=t-406 attempt=1 outcome=\"handled\"
 2026-11-29T21:33:19.959371Z  INFO shop: order handled order=t-7 attempt=1 outcome=\"handled\"
 2026-11-29T21:33:20.000000Z  INFO shop: status: handled 406 (ok 406, failed attempts 0), retried via rung 0, dead-lettered 0, in flight 4, held 0, ready true
 2026-11-29T21:33:21.412171Z  INFO acemq::app: drained in 0.03 s; every handler finished (4 during the drain); 16 deliveries were fetched but never handled — the broker will redeliver them (q: 16)

@@ -36,6 +36,38 @@ use support::{
 struct Telemetry {
     exporter: InMemorySpanExporter,
     logs: CapturedLogs,
+    /// What a `fmt` layer beside the OpenTelemetry one wrote.
+    fmt: FmtCapture,
+}
+
+/// A `fmt` layer's output, kept in memory.
+#[derive(Clone, Default)]
+struct FmtCapture(Arc<Mutex<Vec<u8>>>);
+
+impl FmtCapture {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for FmtCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for FmtCapture {
+    type Writer = FmtCapture;
+    fn make_writer(&'a self) -> FmtCapture {
+        self.clone()
+    }
 }
 
 /// Installs the global subscriber and W3C propagator once.
@@ -57,12 +89,22 @@ fn telemetry() -> &'static Telemetry {
             .with_target("acemq_layers", tracing::Level::DEBUG)
             .with_target("otel", tracing::Level::INFO)
             .with_target("lapin", tracing::Level::WARN);
+        let fmt = FmtCapture::default();
         let subscriber = tracing_subscriber::registry()
             .with(filter)
             .with(tracing_opentelemetry::layer().with_tracer(tracer))
-            .with(logs.clone());
+            .with(logs.clone())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(fmt.clone()),
+            );
         tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
-        Telemetry { exporter, logs }
+        Telemetry {
+            exporter,
+            logs,
+            fmt,
+        }
     })
 }
 
@@ -518,9 +560,6 @@ async fn a_malformed_traceparent_starts_a_new_trace_with_one_warning_and_is_hand
     assert!(!cx.span().span_context().is_valid());
 }
 
-/// The examples' default filter (`examples/shop/main.rs`).
-const EXAMPLES_FILTER: &str = "info,acemq::consumer=warn,lapin::returned_messages=off";
-
 #[tokio::test]
 async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_examples_turn_off() {
     telemetry();
@@ -560,24 +599,31 @@ async fn lapin_logs_a_returned_message_body_and_all_under_one_target_that_the_ex
                 .all(|(l, t, _)| *l == tracing::Level::WARN && t == "lapin::returned_messages"),
         "{logged:#?}"
     );
-    // The examples' default filter drops that target and keeps lapin's other warnings.
-    let filter = tracing_subscriber::EnvFilter::new(EXAMPLES_FILTER);
+    // The examples' default filter drops lapin's events (its ERRORs about a
+    // lost connection included) and keeps acemq's.
+    let filter = tracing_subscriber::EnvFilter::new(acemq::log::DEFAULT_FILTER);
     let logs = CapturedLogs::default();
     let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(logs.clone());
     tracing::subscriber::with_default(subscriber, || {
         tracing::warn!(target: "lapin::returned_messages", "returned");
-        tracing::warn!(target: "lapin::channel", "kept");
+        tracing::error!(target: "lapin::io_loop", "error doing IO");
+        tracing::warn!(target: "acemq::app::supervisor::connection", "kept");
     });
     let kept: Vec<_> = logs.events().into_iter().map(|(_, t, _)| t).collect();
-    assert_eq!(kept, ["lapin::channel"]);
+    assert_eq!(kept, ["acemq::app::supervisor::connection"]);
     for example in [
         include_str!("../../examples/shop/main.rs"),
         include_str!("../../examples/axum_side_by_side.rs"),
         include_str!("../../examples/tracing_otlp.rs"),
+        include_str!("../../examples/invoices/main.rs"),
+        include_str!("../../examples/outbox.rs"),
+        include_str!("../../examples/replay.rs"),
+        include_str!("../../examples/own_consumer.rs"),
+        include_str!("../../examples/rpc.rs"),
     ] {
-        assert!(example.contains("lapin::returned_messages=off"));
+        assert!(example.contains("acemq::log::DEFAULT_FILTER"));
     }
 }
 
@@ -641,4 +687,126 @@ async fn a_handler_publishing_carries_its_delivery_span_and_the_baggage_on() {
     );
     assert_eq!(h("baggage").as_deref(), Some("tenant=acme"));
     assert_eq!(h("x-acemq-original-traceparent"), None, "not a copy");
+}
+
+/// The attribute names a document promises for the `process` span: the
+/// backticked `messaging.*` and `acemq.*` names of `text` (between `from`
+/// and the next `## ` heading), span names left out.
+fn promised(text: &str, from: &str) -> Vec<String> {
+    let section = text.split(from).nth(1).expect("the section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut names: Vec<String> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| {
+            (w.starts_with("messaging.") || w.starts_with("acemq."))
+                && w.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_')
+                && *w != "acemq.process"
+        })
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test]
+async fn every_attribute_the_docs_promise_is_exported_and_none_is_in_a_fmt_line() {
+    telemetry();
+    let q = unique("otel.promised");
+    let mut config = support::plain_config(&q);
+    config.queues[0].dead_letter = true;
+    let _cleanup = QueueCleanup::new(topology_queues(&config));
+    let handler = service_fn(|d: Delivery| async move {
+        if d.body().as_ref() == b"bad" {
+            tracing::info!(outcome = "rejected", "order rejected");
+            return Err::<(), BoxError>(acemq::Reject::new("not an order").into());
+        }
+        tracing::info!(outcome = "handled", "order handled");
+        Ok(())
+    });
+    let running = start_consuming(config, &q, handler).await;
+    for (body, id) in [(&b"good"[..], "order-good"), (&b"bad"[..], "order-bad")] {
+        let mut p = Properties::default();
+        p.message_id = Some(id.to_owned());
+        p.correlation_id = Some("conv-1".to_owned());
+        running
+            .publisher()
+            .publish("", &q, body, p)
+            .await
+            .expect("published");
+    }
+    let spans = wait_spans(&q, &format!("process {q}"), 2).await;
+    running.drain().await.expect("clean drain");
+    let process: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.name == format!("process {q}"))
+        .collect();
+    let of = |id: &str| {
+        *process
+            .iter()
+            .find(|s| attr_str(s, "messaging.message.id").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("the span of {id}: {:#?}", brief(&spans)))
+    };
+    let (good, bad) = (of("order-good"), of("order-bad"));
+    let docs = promised(
+        include_str!("../../docs/tracing.md"),
+        "The process span's attributes:",
+    );
+    let readme = promised(
+        include_str!("../../README.md"),
+        "## Tracing and OpenTelemetry",
+    );
+    assert!(docs.len() >= 13, "docs/tracing.md's table: {docs:?}");
+    for name in docs.iter().chain(&readme) {
+        let on = |s: &SpanData| attr(s, name).is_some();
+        if name == "acemq.dead_letter.reason" {
+            assert!(
+                on(bad) && !on(good),
+                "{name}: only on a dead-lettered delivery"
+            );
+        } else {
+            assert!(on(good) && on(bad), "{name} is promised and not exported");
+        }
+    }
+    assert_eq!(good.span_kind, opentelemetry::trace::SpanKind::Consumer);
+    assert_eq!(attr_str(good, "acemq.outcome").as_deref(), Some("ack"));
+    assert_eq!(
+        attr_str(bad, "acemq.outcome").as_deref(),
+        Some("dead-lettered")
+    );
+    assert_eq!(
+        attr_str(bad, "acemq.dead_letter.reason").as_deref(),
+        Some("rejected")
+    );
+    assert!(
+        matches!(&bad.status, Status::Error { description } if description.starts_with("rejected: "))
+    );
+
+    // The fmt layer beside the OpenTelemetry one: the person's fields, and
+    // of OpenTelemetry's only the name and kind fields.
+    let lines: Vec<String> = telemetry()
+        .fmt
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.contains(&format!("queue={q} "))
+                && (l.contains("order handled") || l.contains("order rejected"))
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for line in &lines {
+        println!("{} characters: {line}", line.len());
+        assert!(
+            line.contains("delivery_tag=")
+                && line.contains("message_id=\"order-")
+                && line.contains("attempt=1"),
+            "{line}"
+        );
+        for attribute in &docs {
+            assert!(!line.contains(attribute.as_str()), "{attribute} in {line}");
+        }
+    }
 }

@@ -11,6 +11,8 @@ mod support;
 #[allow(dead_code)]
 mod proxy;
 
+mod compose;
 mod inbox;
+mod migrate;
 mod process;
 mod relay;

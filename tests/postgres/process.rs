@@ -14,6 +14,7 @@ async fn a_relay_killed_between_publish_and_mark_publishes_again_with_the_same_i
     let broker = Broker::new().await;
     let q = unique("kill-relay");
     broker.declare(&q).await;
+    broker.own(&format!("{q}.shipped")); // declared by the example's consumer
     let ids = db.enqueue(&q, 1).await;
 
     // 1. The relay publishes (confirmed), then pauses before marking: killed there.
@@ -74,6 +75,7 @@ async fn a_consumer_killed_after_its_work_committed_and_before_the_ack_gets_the_
     let broker = Broker::new().await;
     let q = unique("kill-consumer");
     broker.declare(&q).await;
+    broker.own(&format!("{q}.shipped")); // declared by the example's consumer
     broker
         .publish(&q, br#"{"id":"o-7","item":"lamp"}"#, "order-o-7-created")
         .await;
@@ -102,4 +104,10 @@ async fn a_consumer_killed_after_its_work_committed_and_before_the_ack_gets_the_
         "work done once"
     );
     assert_eq!(broker.ready(&q).await, 0, "the redelivery was acknowledged");
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE message_id = 'order-o-7-shipped'")
+            .await,
+        1,
+        "the follow-up committed once, with the work"
+    );
 }

@@ -17,7 +17,7 @@ pub fn addr() -> String {
     acemq::connection::amqp_addr_from_env()
 }
 
-fn pg_base() -> String {
+pub fn pg_base() -> String {
     std::env::var("ACEMQ_TEST_PG").unwrap_or_else(|_| "host=127.0.0.1 user=postgres".to_owned())
 }
 
@@ -58,7 +58,7 @@ where
     }
 }
 
-async fn admin() -> tokio_postgres::Client {
+pub async fn admin() -> tokio_postgres::Client {
     let settings = format!("{} dbname=postgres", pg_base());
     let (client, conn) = tokio_postgres::connect(&settings, tokio_postgres::NoTls)
         .await

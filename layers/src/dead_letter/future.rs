@@ -19,6 +19,7 @@ use crate::decision::{DeadLetterDecision, Decision, Reason};
 use crate::delivery::Delivery;
 use crate::error::{display_chain, BoxError, Class, Classify};
 use crate::headers::{Headers, Value};
+use crate::inbox::TransactionEnded;
 use crate::publish::{Outgoing, Publish, PublishError};
 
 pin_project! {
@@ -78,6 +79,7 @@ where
                         Ok(Decision::DeadLetter(d)) if !d.published => d,
                         Err(error) => {
                             let reason = match config.classifier.classify(&*error) {
+                                _ if TransactionEnded::is_in(&*error) => Reason::TransactionEnded,
                                 Class::Panic => Reason::Panic,
                                 Class::Permanent => Reason::Rejected,
                                 Class::Timeout => Reason::Timeout,

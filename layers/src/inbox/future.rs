@@ -104,6 +104,7 @@ where
                         Begun::Duplicate => {
                             metrics::counter!("acemq.inbox.duplicates", "queue" => request.queue().to_owned())
                                 .increment(1);
+                            super::count::count_duplicate(request.queue());
                             tracing::debug!(
                                 queue = request.queue(),
                                 message_id = request.properties().message_id.as_deref(),

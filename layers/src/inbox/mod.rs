@@ -17,7 +17,9 @@
 //!
 //! - The key was committed before: the handler is **not** called; the
 //!   response is [`InboxOutcome::Duplicate`] (so the delivery is
-//!   acknowledged), counted in `acemq.inbox.duplicates` {queue}.
+//!   acknowledged), counted in `acemq.inbox.duplicates` {queue} and in
+//!   [`duplicates`] (the runner's health snapshot and `/queues` show it),
+//!   and logged at DEBUG with the queue and the message id.
 //! - Otherwise the transaction is put in the delivery's extensions
 //!   (`delivery.extensions().get::<St::Transaction>()`) and the handler is
 //!   called. The handler does its own writes **in that transaction**.
@@ -38,6 +40,10 @@
 //!   ([`MissingId::Reject`]), which the dead-letter layer dead-letters.
 //! - A store error (the database unreachable) is the delivery's error: the
 //!   retry layer judges it like any transient failure.
+//! - A handler that ends the transaction itself (a `COMMIT` or `ROLLBACK`
+//!   statement on it) breaks the guarantee: a store that can tell (the
+//!   PostgreSQL one does) fails the commit with [`TransactionEnded`], and
+//!   the delivery is dead-lettered at once with reason `transaction-ended`.
 //!
 //! Marks are kept until the store expires them; a duplicate that arrives
 //! after its mark expired is handled again. Keep marks longer than any
@@ -78,13 +84,15 @@
 //! # }
 //! ```
 
+mod count;
 mod error;
 pub mod future;
 mod layer;
 mod service;
 mod store;
 
-pub use error::MissingMessageId;
+pub use count::duplicates;
+pub use error::{MissingMessageId, TransactionEnded};
 pub use layer::InboxLayer;
 pub use service::Inbox;
 pub use store::{Begun, InboxStore, MemoryInbox, MemoryTransaction};

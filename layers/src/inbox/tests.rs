@@ -144,3 +144,22 @@ async fn a_handler_future_dropped_unfinished_leaves_no_mark() {
     assert!(polled.is_err());
     assert!(!store.contains("q", "m1"));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_duplicate_is_counted_for_its_queue() {
+    let store = MemoryInbox::new();
+    let work = Work::default();
+    let mut svc = InboxLayer::new(store).layer(work.service());
+    let queue = "inbox-tests.counted";
+    assert_eq!(duplicates(queue), 0);
+    for _ in 0..3 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(delivery(queue, Some("m1")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(duplicates(queue), 2);
+    assert_eq!(duplicates("inbox-tests.other"), 0);
+}

@@ -20,6 +20,15 @@
 //! Rung and dead-letter copies never carry `x-delivery-count` (the copy is
 //! a new message to the broker), so a retried message starts counting again.
 //!
+//! The same layer bounds a second kind of return that no header counts: a
+//! message whose acknowledgement the broker timed out (`consumer_timeout`)
+//! comes back however long its handler runs, on any queue type. The
+//! transport counts those returns and says so with
+//! [`ConsumerTimeoutStrikes`] in the delivery's extensions; a delivery that
+//! has struck out is dead-lettered with reason
+//! [`Reason::ConsumerTimeout`](crate::Reason::ConsumerTimeout), also without
+//! calling the service below.
+//!
 //! # Order
 //!
 //! Directly inside [`DeadLetterLayer`](crate::DeadLetterLayer) (which
@@ -49,6 +58,8 @@
 pub mod future;
 mod layer;
 mod service;
+mod strikes;
 
 pub use layer::{RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use service::RedeliveryLimit;
+pub use strikes::ConsumerTimeoutStrikes;

@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::RedeliveryLimitLayer;
+use super::{ConsumerTimeoutStrikes, RedeliveryLimitLayer};
 use crate::decision::{DeadLetterDecision, Decision, Reason};
 use crate::delivery::Delivery;
 use crate::headers::DELIVERY_COUNT_HEADER;
@@ -65,6 +65,9 @@ where
     }
 
     fn call(&mut self, delivery: Delivery) -> Self::Future {
+        if let Some(decision) = struck_out(&delivery) {
+            return ResponseFuture::limited(decision);
+        }
         let count = delivery
             .headers()
             .get(DELIVERY_COUNT_HEADER)
@@ -95,4 +98,26 @@ where
             _ => ResponseFuture::inner(self.inner.call(delivery)),
         }
     }
+}
+
+/// The dead-letter decision for a delivery whose acknowledgement the broker
+/// timed out `limit` times already (the transport's
+/// [`ConsumerTimeoutStrikes`]), if it has struck out.
+fn struck_out(delivery: &Delivery) -> Option<Decision> {
+    let s = delivery.extensions().get::<ConsumerTimeoutStrikes>()?;
+    s.struck_out().then(|| {
+        Decision::DeadLetter(DeadLetterDecision {
+            reason: Reason::ConsumerTimeout,
+            error: format!(
+                "the broker timed out this message's acknowledgement {} times (consumer_timeout), \
+                 the queue's consumer_timeout_strikes is {}: the handler was not called again; \
+                 raise the broker's consumer_timeout above the handler's longest run, bound \
+                 the handler's time below it (a timeout layer), and keep shutdown_timeout + \
+                 abandon_after below it",
+                s.strikes, s.limit
+            ),
+            attempts: delivery.attempt(),
+            published: false,
+        })
+    })
 }

@@ -21,6 +21,7 @@ use crate::decision::{DeadLetterDecision, Decision, Reason, RetryDecision, Retry
 use crate::delivery::{Delivery, ATTEMPT_HEADER};
 use crate::error::{display_chain, BoxError, Class, Classify};
 use crate::headers::Value;
+use crate::inbox::TransactionEnded;
 use crate::publish::{Outgoing, Publish, PublishError};
 
 /// Carries out the schedule after a failure: dead-letter, publish to a rung,
@@ -101,6 +102,8 @@ fn give_up<P, C: Classify>(
 ) -> Option<Decision> {
     let policy = &config.policy;
     let reason = match config.classifier.classify(error) {
+        // A programming error whatever the classifier says: no retry fixes it.
+        _ if TransactionEnded::is_in(error) => Some(Reason::TransactionEnded),
         Class::Panic if !policy.retry_panics => Some(Reason::Panic),
         Class::Permanent => Some(Reason::Rejected),
         Class::Timeout if attempt >= policy.max_attempts => Some(Reason::Timeout),

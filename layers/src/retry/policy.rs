@@ -93,9 +93,11 @@ impl RetryPolicy {
     }
 
     /// The distinct delays of the schedule that wait in the broker, in
-    /// increasing order: one rung queue each.
+    /// increasing order: one rung queue each. Computed from the first 33
+    /// attempts at most: [`delay_after`](Self::delay_after) stops growing
+    /// there, so a schedule of any length is read at once.
     pub fn rung_delays(&self) -> Vec<Duration> {
-        let mut out: Vec<Duration> = (1..self.max_attempts)
+        let mut out: Vec<Duration> = (1..self.max_attempts.min(34))
             .map(|n| self.delay_after(n))
             .filter(|d| self.is_broker_wait(*d))
             .collect();

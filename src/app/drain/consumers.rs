@@ -14,7 +14,8 @@ use super::bounds::CLOSE_TIMEOUT;
 use super::link::QueueHandle;
 
 /// `basic.cancel` on every consumer at once, within the deadline; what the
-/// broker did not answer. Sets `hurried` if `hurry` resolves first.
+/// broker did not answer. Sets `hurried` if `hurry` resolves first; when
+/// `hurried` is set already, `hurry` has resolved and is not polled again.
 pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
     queues: &[QueueHandle],
     deadline: tokio::time::Instant,
@@ -45,9 +46,12 @@ pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
                 .push(why);
         }
     }));
+    // `hurry` may have resolved already (during the background stop): a
+    // finished future is never polled again.
+    let already = *hurried;
     tokio::select! {
         _ = cancels => {}
-        () = hurry => *hurried = true,
+        () = hurry, if !already => *hurried = true,
     }
     unanswered.into_inner().unwrap_or_else(|p| p.into_inner())
 }
@@ -85,4 +89,47 @@ pub(super) async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
     .await;
     let unanswered_close: Vec<String> = closes.into_iter().flatten().collect();
     unanswered_close
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use super::cancel_consumers;
+
+    /// A second signal as `run` hands it on: ready once, and a panic if
+    /// polled again after that (as a finished `async` block does).
+    struct Once(bool);
+
+    impl Future for Once {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            assert!(!self.0, "the finished hurry future was polled again");
+            self.0 = true;
+            Poll::Ready(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hurry_that_resolved_during_the_background_stop_is_not_polled_again() {
+        // `stop_background` took the second signal: `hurry` has finished and
+        // `hurried` is set. `select!` polls its branches in a random order,
+        // so before the guard the finished future was polled (a panic) about
+        // every other time: 64 rounds make a pass by chance 2^-64.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        for _ in 0..64 {
+            let mut hurry = std::pin::pin!(Once(false));
+            hurry.as_mut().await;
+            let mut hurried = true;
+            let unanswered = cancel_consumers(&[], deadline, hurry.as_mut(), &mut hurried).await;
+            assert!(unanswered.is_empty() && hurried);
+        }
+        // Not yet hurried: the signal still ends the wait.
+        let mut hurry = std::pin::pin!(Once(false));
+        let mut hurried = false;
+        cancel_consumers(&[], deadline, hurry.as_mut(), &mut hurried).await;
+    }
 }

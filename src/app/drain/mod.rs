@@ -15,6 +15,15 @@
 //!    also when the deadline expired;
 //! 6. a [`DrainReport`], or a [`DrainTimeout`] naming each queue that still
 //!    had deliveries in flight.
+//!
+//! A channel or connection lost during the drain is a loss like any other:
+//! that queue's running handlers are cancelled (`abandon_after` applies) and
+//! their outcomes are orphans, never settled. The other queues drain on. The
+//! drain then ends in a [`DrainTimeout`] of kind
+//! [`DeadlineKind::ChannelLost`] (exit code 75) whose report says how many
+//! outcomes were lost and will be redelivered ([`DrainReport::lost`]) —
+//! never "every handler finished". A channel closed once its consumer's
+//! stream has ended is noticed within 100 ms.
 
 mod bounds;
 mod consumers;

@@ -17,6 +17,11 @@ pub struct QueueDrain {
     /// Deliveries the stream yielded after `basic.cancel` (held or handled,
     /// per `prefetch_policy`).
     pub buffered: usize,
+    /// Outcomes lost with the queue's channel or connection during the
+    /// drain: handlers still running when it was lost (cancelled, their
+    /// outcomes dropped) and outcomes not yet sent. The broker redelivers
+    /// those messages, and work already done for them is done again.
+    pub lost: usize,
 }
 
 /// What a clean drain did.
@@ -38,16 +43,57 @@ impl DrainReport {
     pub fn handed_back(&self) -> usize {
         self.queues.iter().map(|q| q.handed_back).sum()
     }
+    /// Outcomes lost with a channel or connection during the drain, all
+    /// queues (see [`QueueDrain::lost`]). Not zero: the stop was not clean,
+    /// and the drain returned a [`DrainTimeout`] of kind
+    /// [`DeadlineKind::ChannelLost`] (exit code 75).
+    pub fn lost(&self) -> usize {
+        self.queues.iter().map(|q| q.lost).sum()
+    }
+
+    /// `N outcomes were lost with a channel … (q: n)`, when any was.
+    fn lost_text(&self) -> Option<String> {
+        let lost = self.lost();
+        (lost > 0).then(|| {
+            let parts: Vec<String> = self
+                .queues
+                .iter()
+                .filter(|q| q.lost > 0)
+                .map(|q| format!("{}: {}", q.name, q.lost))
+                .collect();
+            format!(
+                "{} lost with a channel or connection during the drain ({}): their handlers \
+                 were cancelled and their outcomes dropped; the broker will redeliver {} and \
+                 work already done for {} is done again",
+                plural(lost, "outcome was", "outcomes were"),
+                parts.join(", "),
+                if lost == 1 {
+                    "that message"
+                } else {
+                    "those messages"
+                },
+                if lost == 1 { "it" } else { "them" },
+            )
+        })
+    }
 }
 
 impl fmt::Display for DrainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "drained in {:.2} s; every handler finished ({} during the drain)",
-            self.duration.as_secs_f64(),
-            self.finished()
-        )?;
+        match self.lost_text() {
+            None => write!(
+                f,
+                "drained in {:.2} s; every handler finished ({} during the drain)",
+                self.duration.as_secs_f64(),
+                self.finished()
+            )?,
+            Some(lost) => write!(
+                f,
+                "drained in {:.2} s, not cleanly: {lost}; {} during the drain",
+                self.duration.as_secs_f64(),
+                plural(self.finished(), "handler finished", "handlers finished"),
+            )?,
+        }
         let held = self.handed_back();
         if held > 0 {
             write!(
@@ -76,11 +122,19 @@ pub enum DeadlineKind {
     ShutdownTimeout,
     /// A second stop signal arrived during the drain.
     SecondSignal,
+    /// No deadline passed, but a queue's channel or connection was lost
+    /// during the drain with handlers running or outcomes not yet sent:
+    /// the handlers were cancelled and their outcomes dropped, and the
+    /// broker redelivers those messages ([`DrainReport::lost`]).
+    ChannelLost,
 }
 
-/// The drain's deadline expired with handlers still running. The stop was
-/// still carried out: consumers cancelled, handlers cancelled then
-/// abandoned, channels and connection closed.
+/// The drain did not stop cleanly: its deadline expired (or a second signal
+/// cut it short) with handlers still running, or a channel or connection
+/// was lost during it with outcomes not yet settled ([`DeadlineKind`]
+/// says which). The stop was still carried out: consumers cancelled,
+/// handlers cancelled then abandoned, channels and connection closed. The
+/// exit code is 75: work will be redone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainTimeout {
@@ -114,15 +168,16 @@ impl fmt::Display for DrainTimeout {
         } else {
             format!("with handlers still running ({})", queues.join(", "))
         };
+        if self.kind == DeadlineKind::ChannelLost {
+            return self.fmt_lost(f);
+        }
         match self.kind {
             DeadlineKind::ShutdownTimeout => write!(
                 f,
                 "drain deadline expired: shutdown_timeout ({:.1} s) passed {running}",
                 self.shutdown_timeout.as_secs_f64(),
             )?,
-            DeadlineKind::SecondSignal => {
-                write!(f, "drain cut short by a second stop signal {running}")?
-            }
+            _ => write!(f, "drain cut short by a second stop signal {running}")?,
         }
         if !self.waiting.is_empty() {
             write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
@@ -136,10 +191,40 @@ impl fmt::Display for DrainTimeout {
                 self.abandon_after.as_secs_f64()
             )?;
         }
+        if let Some(lost) = self.report.lost_text() {
+            write!(f, "; {lost}")?;
+        }
         write!(
             f,
             "; the connections are closed and the broker will redeliver their messages ({} and {} handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
             plural(self.report.finished(), "handler finished", "handlers finished"),
+            plural(self.report.handed_back(), "delivery was", "deliveries were"),
+        )
+    }
+}
+
+impl DrainTimeout {
+    /// The drain finished within its deadline, but outcomes were lost with
+    /// a channel or connection.
+    fn fmt_lost(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lost = self.report.lost_text().unwrap_or_default();
+        write!(f, "drain not clean: {lost}")?;
+        if self.abandoned > 0 {
+            write!(
+                f,
+                "; {} handler(s) ignored the cancellation and were abandoned {:.1} s later (abandon_after)",
+                self.abandoned,
+                self.abandon_after.as_secs_f64()
+            )?;
+        }
+        write!(
+            f,
+            "; the connections are closed ({} and {} handed back during the drain)",
+            plural(
+                self.report.finished(),
+                "handler finished",
+                "handlers finished"
+            ),
             plural(self.report.handed_back(), "delivery was", "deliveries were"),
         )
     }
@@ -151,3 +236,81 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 impl std::error::Error for DrainTimeout {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(lost: usize) -> DrainReport {
+        DrainReport {
+            duration: Duration::from_millis(3210),
+            queues: vec![
+                QueueDrain {
+                    name: "a".into(),
+                    finished: 2,
+                    handed_back: 0,
+                    buffered: 0,
+                    lost,
+                },
+                QueueDrain {
+                    name: "b".into(),
+                    finished: 1,
+                    handed_back: 3,
+                    buffered: 3,
+                    lost: 0,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_report_with_outcomes_lost_never_says_every_handler_finished() {
+        let clean = report(0).to_string();
+        assert!(
+            clean.contains("every handler finished (3 during the drain)"),
+            "{clean}"
+        );
+        let lost = report(1);
+        assert_eq!(lost.lost(), 1);
+        let text = lost.to_string();
+        assert!(!text.contains("every handler finished"), "{text}");
+        assert!(
+            text.starts_with("drained in 3.21 s, not cleanly: 1 outcome was lost with a channel or connection during the drain (a: 1)")
+                && text.contains("the broker will redeliver that message")
+                && text.contains("3 handlers finished during the drain")
+                && text.contains("3 deliveries were fetched but never handled"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_drain_ended_by_a_loss_says_how_many_outcomes_will_be_redelivered() {
+        let t = DrainTimeout {
+            kind: DeadlineKind::ChannelLost,
+            shutdown_timeout: Duration::from_secs(20),
+            abandon_after: Duration::from_secs(5),
+            in_flight: Vec::new(),
+            waiting: Vec::new(),
+            abandoned: 0,
+            report: report(2),
+        };
+        let text = t.to_string();
+        assert!(
+            text.starts_with("drain not clean: 2 outcomes were lost with a channel or connection during the drain (a: 2)")
+                && text.contains("the broker will redeliver those messages")
+                && !text.contains("deadline"),
+            "{text}"
+        );
+        let deadline = DrainTimeout {
+            kind: DeadlineKind::ShutdownTimeout,
+            in_flight: vec![("b".into(), 1)],
+            ..t
+        };
+        let text = deadline.to_string();
+        assert!(
+            text.starts_with("drain deadline expired")
+                && text.contains("2 outcomes were lost with a channel or connection"),
+            "{text}"
+        );
+    }
+}

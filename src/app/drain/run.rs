@@ -143,8 +143,10 @@ impl Drain {
         // then the consumers' connection.
         let unanswered_close = self.close(&queues).await;
         let unfinished = with_unanswered_close(unfinished, unanswered_close);
-        // 6. Report.
+        // 6. Report: a loss during the drain makes it unclean too.
         let report = self.report(start, &queues);
+        self.health.set_drained();
+        let unfinished = with_lost(unfinished, &report);
         match unfinished {
             None => Ok(report),
             Some(unfinished) => Err(self.timed_out(unfinished, abandoned, report)),
@@ -287,6 +289,8 @@ impl Drain {
     async fn close(&mut self, queues: &[QueueHandle]) -> Vec<String> {
         for q in queues {
             q.gate.close();
+            // From here a closed channel is the drain's doing, not a loss.
+            q.stats.drain_closing.store(true, Ordering::Release);
         }
         let mut unanswered_close = close_channels(queues).await;
         self.publisher.shut().await;
@@ -327,6 +331,7 @@ impl Drain {
                     finished: q.stats.finished_during_drain.load(Ordering::Relaxed),
                     handed_back: q.stats.handed_back.load(Ordering::Relaxed),
                     buffered: q.stats.buffered_after_cancel.load(Ordering::Relaxed),
+                    lost: q.stats.lost_in_drain.load(Ordering::Relaxed),
                 })
                 .collect(),
         };
@@ -357,6 +362,20 @@ impl Drain {
             report,
         }
     }
+}
+
+/// Outcomes lost with a channel or connection during the drain make it
+/// unclean: a `ChannelLost` on its own, or part of what else it did not
+/// finish (the report carries the counts either way).
+fn with_lost(unfinished: Option<Unfinished>, report: &DrainReport) -> Option<Unfinished> {
+    if unfinished.is_some() || report.lost() == 0 {
+        return unfinished;
+    }
+    Some(Unfinished {
+        kind: DeadlineKind::ChannelLost,
+        in_flight: Vec::new(),
+        waiting: Vec::new(),
+    })
 }
 
 /// Closes the broker did not answer are waited for too: they join what the

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use lapin::{Connection, Event};
 use tracing::{info, warn};
 
@@ -31,15 +31,19 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
         let Some(connection) = conn.current() else {
             return;
         };
-        if let Next::Stop = watch_events(&shared, conn, &connection).await {
-            return;
-        }
+        let error = match watch_events(&shared, conn, &connection).await {
+            Next::On(error) => error,
+            Next::Again | Next::Stop => return,
+        };
         conn.tx.send_replace(None);
         shared.health.set_connected(role, false);
         shared.health.set_blocked(role, false);
+        // The one line for this loss (lapin's own ERROR events about it are
+        // for `acemq::log::LAPIN_DIRECTIVE` to keep out).
+        let error = error.map(|e| format!(" ({e})")).unwrap_or_default();
         warn!(
             connection = role.as_str(),
-            "the {} connection to the broker was lost; reconnecting with backoff (readiness is off until then)",
+            "the {} connection to the broker was lost{error}; reconnecting with backoff (readiness is off until then)",
             role.as_str()
         );
         if let Next::Stop = reconnect(&shared, conn, consuming).await {
@@ -49,14 +53,26 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
 }
 
 /// Watches `connection` (its events, and its status) until it is lost
-/// (`Next::On`); `Next::Stop` when the drain begins.
-async fn watch_events(shared: &Shared, conn: &Conn, connection: &Connection) -> Next {
+/// (`Next::On`, with lapin's error when it reported one); `Next::Stop` when
+/// the drain begins.
+async fn watch_events(
+    shared: &Shared,
+    conn: &Conn,
+    connection: &Connection,
+) -> Next<Option<lapin::Error>> {
     let role = conn.role;
     let mut events: Pin<Box<dyn Stream<Item = Event> + Send>> =
         Box::pin(connection.events_listener());
+    let mut lost_with = None;
     loop {
         if !connection.status().connected() {
-            return Next::On(());
+            // The error lapin reported with the loss, if it is already queued.
+            while let Some(Some(ev)) = events.next().now_or_never() {
+                if let Event::Error(e) = ev {
+                    lost_with = Some(e);
+                }
+            }
+            return Next::On(lost_with);
         }
         tokio::select! {
             () = shared.intake.cancelled() => return Next::Stop,
@@ -76,7 +92,12 @@ async fn watch_events(shared: &Shared, conn: &Conn, connection: &Connection) -> 
                     info!(connection = role.as_str(), "the broker unblocked this connection");
                 }
                 Some(Event::Error(e)) => {
-                    warn!(connection = role.as_str(), "connection error: {e}");
+                    if connection.status().connected() {
+                        warn!(connection = role.as_str(), "connection error: {e}");
+                    } else {
+                        // The loss: told once, with this error, by `supervise`.
+                        lost_with = Some(e);
+                    }
                 }
                 Some(_) => {}
                 None => {

@@ -300,7 +300,9 @@ impl Runner<'_> {
             recovered(&q.name, "channel-closed");
             self.again_after(delay).await
         } else {
-            warn!(queue = %q.name, "the connection was lost: handlers still running are cancelled and their outcomes dropped (the broker redelivers those deliveries); consuming again once reconnected");
+            // The loss is the connection supervisor's one WARN line; here
+            // only what it means for this queue.
+            info!(queue = %q.name, "connection lost: this queue's running handlers are cancelled and their outcomes dropped (the broker redelivers those deliveries); consuming again once reconnected");
             recovered(&q.name, "connection-lost");
             shared.consume.suspect.notify_one();
             // Wait for the supervisor to drop the lost connection.

@@ -1,0 +1,54 @@
+//! Log filtering for an application built on acemq: the filter directives
+//! that keep a log readable, as strings for
+//! `tracing_subscriber::EnvFilter` (or `RUST_LOG`).
+//!
+//! lapin, the AMQP client under acemq, logs its own events at ERROR when a
+//! connection is lost ("error doing IO", "Connection error", "Connection
+//! closed", a missed heartbeat), also when acemq reconnects a moment later,
+//! and logs a returned message at WARN with its body. A library cannot lower
+//! another crate's levels, and a level filter cannot keep lapin's WARN while
+//! dropping its ERROR, so [`LAPIN_DIRECTIVE`] turns lapin's events off.
+//! Nothing is lost to the reader: acemq reports each of those once itself —
+//! a lost connection at WARN with lapin's error and that it reconnects, a
+//! channel the broker closed at WARN with its reply code and text, a failed
+//! start at ERROR with its one-line reason (also written to stderr by
+//! [`app::start_failed`](crate::app::start_failed)), an unroutable publish
+//! as [`PublishError::Unroutable`](crate::PublishError::Unroutable) — and
+//! never a message body.
+//!
+//! ```
+//! use tracing_subscriber::EnvFilter;
+//!
+//! // `RUST_LOG` when set, else acemq's default.
+//! let filter = EnvFilter::try_from_default_env()
+//!     .unwrap_or_else(|_| EnvFilter::new(acemq::log::DEFAULT_FILTER));
+//! // Or a base of your own, lapin's events off.
+//! let mine = EnvFilter::new(format!("warn,my_app=info,{}", acemq::log::LAPIN_DIRECTIVE));
+//! # let _ = (filter, mine);
+//! ```
+//!
+//! A `RUST_LOG` you set replaces a default filter: add
+//! [`LAPIN_DIRECTIVE`] to it too (`RUST_LOG=debug,lapin=off`), unless you
+//! mean to read lapin's own events.
+
+/// The directive that turns lapin's own events off: `lapin=off`. Add it to
+/// the filter of any subscriber that writes acemq's logs.
+pub const LAPIN_DIRECTIVE: &str = "lapin=off";
+
+/// The filter the examples use when `RUST_LOG` is not set: INFO and above,
+/// lapin's events off (`info,` followed by [`LAPIN_DIRECTIVE`]).
+///
+/// With it, a handled delivery's log line names the queue, the delivery tag,
+/// the message id and the attempt (the fields of acemq's `acemq.process`
+/// span) besides what your handler logs.
+pub const DEFAULT_FILTER: &str = "info,lapin=off";
+
+#[cfg(test)]
+mod tests {
+    use super::{DEFAULT_FILTER, LAPIN_DIRECTIVE};
+
+    #[test]
+    fn the_default_filter_is_info_with_lapin_off() {
+        assert_eq!(DEFAULT_FILTER, format!("info,{LAPIN_DIRECTIVE}"));
+    }
+}

@@ -1,0 +1,334 @@
+//! The calling side: a `tower::Service` over direct reply-to.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use tokio::sync::{oneshot, watch};
+use tracing::{debug, warn};
+
+use super::{Reply, RpcError, RpcRequest, REPLY_TO};
+
+type Pending = HashMap<String, oneshot::Sender<Result<Reply, RpcError>>>;
+
+/// A request/reply client over RabbitMQ's direct reply-to: a
+/// [`tower::Service`] from [`RpcRequest`] to [`Reply`], so tower's timeouts,
+/// retries, rate limits and load-shedding apply to calls as they do to HTTP
+/// (an example is in the [module docs](crate::rpc)).
+///
+/// Cheap to clone; clones share one channel, one reply consumer and the
+/// table of calls waiting for their reply.
+#[derive(Clone)]
+pub struct RpcClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: watch::Receiver<Option<Arc<Connection>>>,
+    /// How long a call waits for a connection.
+    wait: Duration,
+    live: tokio::sync::Mutex<Option<Live>>,
+    pending: Arc<Mutex<Pending>>,
+    next_id: AtomicU64,
+    prefix: String,
+    late: Arc<AtomicU64>,
+}
+
+/// The channel that publishes requests and consumes their replies.
+struct Live {
+    channel: Channel,
+}
+
+impl std::fmt::Debug for RpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcClient")
+            .field("waiting", &self.waiting())
+            .field("late_replies", &self.late_replies())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RpcClient {
+    /// A client on `connection` (for a client outside an [`App`](crate::App);
+    /// in one, [`App::rpc_client`](crate::App::rpc_client) shares the
+    /// publishing connection and follows its reconnects).
+    pub fn new(connection: Arc<Connection>) -> Self {
+        let (tx, rx) = watch::channel(Some(connection));
+        // The sender is dropped: the receiver keeps its last value.
+        drop(tx);
+        RpcClient::on(rx, Duration::from_secs(10))
+    }
+
+    /// A client whose connection the runner provides (and replaces after a
+    /// reconnect).
+    pub(crate) fn on(connection: watch::Receiver<Option<Arc<Connection>>>, wait: Duration) -> Self {
+        RpcClient {
+            inner: Arc::new(Inner {
+                connection,
+                wait,
+                live: tokio::sync::Mutex::new(None),
+                pending: Arc::new(Mutex::new(HashMap::new())),
+                next_id: AtomicU64::new(1),
+                prefix: format!("acemq-rpc-{:x}-", fastrand::u64(..)),
+                late: Arc::new(AtomicU64::new(0)),
+            }),
+        }
+    }
+
+    /// Calls waiting for their reply.
+    pub fn waiting(&self) -> usize {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Replies that arrived after their call had ended (timed out or
+    /// cancelled), dropped.
+    pub fn late_replies(&self) -> u64 {
+        self.inner.late.load(Ordering::Relaxed)
+    }
+
+    /// Sends `request` and waits for its reply, at most its deadline.
+    pub async fn call(&self, request: RpcRequest) -> Result<Reply, RpcError> {
+        let deadline = request.timeout;
+        let id = format!(
+            "{}{}",
+            self.inner.prefix,
+            self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let (tx, rx) = oneshot::channel();
+        let guard = PendingGuard {
+            pending: &self.inner.pending,
+            id: &id,
+        };
+        let until = tokio::time::Instant::now() + deadline;
+        let sent = tokio::time::timeout_at(until, async {
+            let channel = self.channel().await?;
+            self.inner
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone(), tx);
+            publish(&channel, &request, &id).await
+        })
+        .await;
+        match sent {
+            Err(_) => return Err(RpcError::Timeout { after: deadline }),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(())) => {}
+        }
+        let result = match tokio::time::timeout_at(until, rx).await {
+            Err(_) => Err(RpcError::Timeout { after: deadline }),
+            Ok(Err(_)) => Err(RpcError::ConnectionLost {
+                message: "the reply consumer ended before the reply came".to_owned(),
+            }),
+            Ok(Ok(reply)) => reply,
+        };
+        drop(guard);
+        result
+    }
+
+    /// The live channel, opening one (with its reply consumer) when there
+    /// is none or it closed.
+    async fn channel(&self) -> Result<Channel, RpcError> {
+        let mut live = self.inner.live.lock().await;
+        if let Some(l) = live.as_ref() {
+            if l.channel.status().connected() {
+                return Ok(l.channel.clone());
+            }
+        }
+        let conn = self.connection().await?;
+        let channel = open(&conn).await.map_err(transport)?;
+        let consumer = channel
+            .basic_consume(
+                REPLY_TO.into(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(transport)?;
+        tokio::spawn(route_replies(
+            consumer,
+            self.inner.pending.clone(),
+            self.inner.late.clone(),
+        ));
+        *live = Some(Live {
+            channel: channel.clone(),
+        });
+        Ok(channel)
+    }
+
+    async fn connection(&self) -> Result<Arc<Connection>, RpcError> {
+        let mut rx = self.inner.connection.clone();
+        let wait = async {
+            loop {
+                if let Some(c) = rx.borrow_and_update().clone() {
+                    if c.status().connected() {
+                        return Some(c);
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        match tokio::time::timeout(self.inner.wait, wait).await {
+            Ok(Some(c)) => Ok(c),
+            _ => Err(RpcError::ConnectionLost {
+                message: format!(
+                    "no open connection to call on (not started yet, reconnecting, or closed); waited {:?}",
+                    self.inner.wait
+                ),
+            }),
+        }
+    }
+}
+
+/// Removes a call's entry however the call ends (reply, timeout, or the
+/// caller dropping the future), so a late reply finds nothing and is
+/// counted.
+struct PendingGuard<'a> {
+    pending: &'a Mutex<Pending>,
+    id: &'a str,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(self.id);
+    }
+}
+
+async fn open(conn: &Connection) -> lapin::Result<Channel> {
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok(ch)
+}
+
+fn transport(e: lapin::Error) -> RpcError {
+    RpcError::ConnectionLost {
+        message: e.to_string(),
+    }
+}
+
+async fn publish(channel: &Channel, request: &RpcRequest, id: &str) -> Result<(), RpcError> {
+    let target = if request.exchange.is_empty() {
+        request.routing_key.clone()
+    } else {
+        format!("{}/{}", request.exchange, request.routing_key)
+    };
+    let ms = request.timeout.as_millis().max(1);
+    let properties: BasicProperties = request
+        .properties
+        .clone()
+        .with_correlation_id(id.into())
+        .with_reply_to(REPLY_TO.into())
+        .with_expiration(ms.to_string().into());
+    let confirm = channel
+        .basic_publish(
+            request.exchange.as_str().into(),
+            request.routing_key.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &request.body,
+            properties,
+        )
+        .await
+        .map_err(transport)?
+        .await
+        .map_err(transport)?;
+    match confirm {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
+            Err(RpcError::Unroutable { target })
+        }
+        Confirmation::Nack(None) => Err(RpcError::ConnectionLost {
+            message: format!("the broker refused the request to {target} (a negative confirm)"),
+        }),
+    }
+}
+
+/// Hands each reply to its call; when the consumer ends (channel or
+/// connection lost) every waiting call fails at once.
+async fn route_replies(
+    mut consumer: lapin::Consumer,
+    pending: Arc<Mutex<Pending>>,
+    late: Arc<AtomicU64>,
+) {
+    while let Some(item) = consumer.next().await {
+        let delivery = match item {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "the reply consumer was lost; calls waiting fail");
+                break;
+            }
+        };
+        let Some(id) = delivery
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map(|s| s.to_string())
+        else {
+            late.fetch_add(1, Ordering::Relaxed);
+            debug!("a reply without a correlation id, dropped");
+            continue;
+        };
+        let tx = pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(Reply::from_delivery(delivery));
+            }
+            None => {
+                late.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("acemq.rpc.late_replies").increment(1);
+                debug!(correlation_id = %id, "a reply after its call ended, dropped");
+            }
+        }
+    }
+    let waiting: Vec<_> = pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .collect();
+    for (_, tx) in waiting {
+        let _ = tx.send(Err(RpcError::ConnectionLost {
+            message: "the connection or channel was lost while the call waited for its reply; it may or may not have been handled".to_owned(),
+        }));
+    }
+}
+
+impl tower::Service<RpcRequest> for RpcClient {
+    type Response = Reply;
+    type Error = RpcError;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, RpcError>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), RpcError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: RpcRequest) -> Self::Future {
+        let client = self.clone();
+        Box::pin(async move { client.call(request).await })
+    }
+}

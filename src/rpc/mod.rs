@@ -1,0 +1,188 @@
+//! Request/reply over RabbitMQ's direct reply-to.
+//!
+//! The calling side is [`RpcClient`], a `tower::Service<RpcRequest>` whose
+//! response is the [`Reply`]: timeouts, retries, rate limits and
+//! load-shedding from tower apply to calls as they do to HTTP. The serving
+//! side is [`Responder`]: it wraps a handler that returns a reply value into
+//! one that [`App::consume`](crate::App::consume) takes, and publishes the
+//! reply before the request is acknowledged.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use acemq::rpc::{Reply, Responder, RpcRequest};
+//! use acemq::{App, Config, Delivery};
+//! use tower::{service_fn, Service, ServiceExt};
+//!
+//! # async fn run() -> Result<(), acemq::BoxError> {
+//! let config = Config::from_path("examples/shop.yaml")?;
+//! let app = App::new(config);
+//! // The server: the reply is the request's body upper-cased.
+//! let upper = service_fn(|d: Delivery| async move {
+//!     Ok::<_, acemq::BoxError>(d.body().to_ascii_uppercase())
+//! });
+//! let publisher = app.publisher();
+//! let client = app.rpc_client();
+//! let app = app.consume("shop.orders", Responder::new(publisher, upper));
+//! // The client (in this process or another): one call, 5 s deadline.
+//! let mut client = client;
+//! let reply: Reply = client
+//!     .ready()
+//!     .await?
+//!     .call(RpcRequest::new("", "shop.orders", b"hello".to_vec(), Duration::from_secs(5)))
+//!     .await?;
+//! assert_eq!(reply.body(), b"HELLO");
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # What a call does
+//!
+//! - The request is published **mandatory** on the client's channel with a
+//!   fresh `correlation_id`, `reply_to: amq.rabbitmq.reply-to`, and its
+//!   deadline as its `expiration` (a request nobody takes in time expires
+//!   in the queue instead of being handled for a caller who has gone). An
+//!   unroutable request fails at once with [`RpcError::Unroutable`], not
+//!   at its deadline.
+//! - The reply comes back on the same channel (direct reply-to: no queue is
+//!   declared). No reply by the deadline: [`RpcError::Timeout`]; a reply
+//!   arriving later is dropped and counted
+//!   ([`RpcClient::late_replies`], metric `acemq.rpc.late_replies`).
+//! - The connection or channel lost while calls wait: each of them fails at
+//!   once with [`RpcError::ConnectionLost`] (the request may or may not have
+//!   been handled); the next call opens a new channel. A client from
+//!   [`App::rpc_client`](crate::App::rpc_client) rides the publishing
+//!   connection and follows its reconnects, so during a broker resource
+//!   alarm (which blocks publishing connections) calls stall until their
+//!   deadline.
+//!
+//! # What the server does
+//!
+//! [`Responder`] calls your service; on success it publishes the reply to
+//! the request's `reply_to` with its `correlation_id`, confirmed but **not
+//! mandatory** (the broker returns a mandatory publish to a direct reply-to
+//! address as unroutable), and only then lets the request be acknowledged.
+//! A reply to a caller that has gone is dropped by the broker. A request
+//! without `reply_to` is handled as a normal message. A failed attempt
+//! publishes nothing: a request retried through rungs gets one reply, after
+//! the attempt that succeeds; a request that is dead-lettered gets none, so
+//! its caller ends at its deadline with [`RpcError::Timeout`].
+
+mod client;
+mod server;
+
+use std::time::Duration;
+
+use lapin::BasicProperties;
+
+pub use client::RpcClient;
+pub use server::Responder;
+
+use crate::amqp::publisher::Publisher;
+
+/// The direct reply-to pseudo-queue.
+pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+/// One call: where it goes, its body, properties, and its deadline.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RpcRequest {
+    /// The exchange (`""`: the default exchange, `routing_key` names the queue).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The body.
+    pub body: Vec<u8>,
+    /// Properties (its `correlation_id`, `reply_to` and `expiration` are
+    /// set by the client).
+    pub properties: BasicProperties,
+    /// How long the call may take, end to end; also the request's
+    /// `expiration`.
+    pub timeout: Duration,
+}
+
+impl RpcRequest {
+    /// A request to `exchange` with `routing_key`.
+    pub fn new(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        body: impl Into<Vec<u8>>,
+        timeout: Duration,
+    ) -> Self {
+        RpcRequest {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            body: body.into(),
+            properties: BasicProperties::default(),
+            timeout,
+        }
+    }
+
+    /// With `properties` (e.g. a content type or headers).
+    pub fn with_properties(mut self, properties: BasicProperties) -> Self {
+        self.properties = properties;
+        self
+    }
+}
+
+/// A reply: its body and properties.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+impl Reply {
+    fn from_delivery(d: lapin::message::Delivery) -> Result<Self, RpcError> {
+        Ok(Reply {
+            body: d.data,
+            properties: d.properties,
+        })
+    }
+
+    /// The reply's body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The reply's properties.
+    pub fn properties(&self) -> &BasicProperties {
+        &self.properties
+    }
+
+    /// The body, owned.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+}
+
+/// Why a call ended without a reply.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// No reply within the deadline.
+    #[error("no reply within {after:?}")]
+    Timeout {
+        /// The call's deadline.
+        after: Duration,
+    },
+    /// The broker returned the request: nothing is bound to take it.
+    #[error("the request to {target:?} is unroutable: nothing is bound to take it (NO_ROUTE)")]
+    Unroutable {
+        /// Where it was sent (`queue` or `exchange/routing key`).
+        target: String,
+    },
+    /// No connection, or it was lost while the call waited.
+    #[error("the call failed on its connection: {message}")]
+    ConnectionLost {
+        /// What happened.
+        message: String,
+    },
+}
+
+impl Publisher {
+    /// A request/reply client on the publishing connection (it follows the
+    /// reconnects). See [`crate::rpc`].
+    pub fn rpc_client(&self) -> RpcClient {
+        let (connection, wait) = self.connection_watch();
+        RpcClient::on(connection, wait)
+    }
+}

@@ -1,0 +1,254 @@
+//! Request/reply over direct reply-to: `RpcClient` as a tower service and
+//! `Responder` on the serving side, against the real broker.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq::rpc::{Responder, RpcClient, RpcError, RpcRequest};
+use acemq::{App, BoxError, Delivery};
+use futures::StreamExt;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use tower::{service_fn, Service, ServiceExt};
+
+use crate::support::{self, plain_config, unique, Broker, QueueCleanup};
+
+/// An app serving `queue`: the reply is the body upper-cased, after
+/// `work`; every request body handled is counted.
+async fn serve(
+    queue: &str,
+    work: Duration,
+    concurrency: usize,
+) -> (acemq::Running, Arc<AtomicUsize>) {
+    let mut config = plain_config(queue);
+    config.queues[0].concurrency = concurrency;
+    config.queues[0].prefetch = (concurrency * 2) as u16;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let app = App::new(config);
+    let publisher = app.publisher();
+    let count = handled.clone();
+    let upper = service_fn(move |d: Delivery| {
+        let count = count.clone();
+        async move {
+            tokio::time::sleep(work).await;
+            count.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(d.body().to_ascii_uppercase())
+        }
+    });
+    let running = app
+        .consume(queue, Responder::new(publisher, upper))
+        .start()
+        .await
+        .expect("the server starts");
+    (running, handled)
+}
+
+async fn client(name: &str) -> (Arc<Connection>, RpcClient) {
+    let conn = Connection::connect(
+        &support::addr(),
+        ConnectionProperties::default().with_connection_name(name.into()),
+    )
+    .await
+    .expect("connect");
+    let conn = Arc::new(conn);
+    (conn.clone(), RpcClient::new(conn))
+}
+
+#[tokio::test]
+async fn a_thousand_calls_with_eight_in_flight_are_each_answered_once() {
+    let queue = unique("rpc-many");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (running, handled) = serve(&queue, Duration::ZERO, 8).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+
+    let replies: Vec<(usize, Result<acemq::rpc::Reply, RpcError>)> =
+        futures::stream::iter(0..1000usize)
+            .map(|i| {
+                let mut client = client.clone();
+                let queue = queue.clone();
+                async move {
+                    let request = RpcRequest::new(
+                        "",
+                        queue.as_str(),
+                        format!("call-{i}").into_bytes(),
+                        Duration::from_secs(20),
+                    );
+                    let reply = async { client.ready().await?.call(request).await }.await;
+                    (i, reply)
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+    let mut seen = HashSet::new();
+    for (i, reply) in replies {
+        let reply = reply.unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(reply.body(), format!("CALL-{i}").as_bytes(), "call {i}");
+        assert!(seen.insert(i));
+    }
+    assert_eq!(seen.len(), 1000);
+    assert_eq!(
+        handled.load(Ordering::Relaxed),
+        1000,
+        "each request handled once"
+    );
+    assert_eq!(client.waiting(), 0);
+    assert_eq!(client.late_replies(), 0, "no reply came twice or late");
+    running.drain().await.expect("clean drain");
+    Broker::new()
+        .await
+        .delete(&support::all_queues(&queue))
+        .await;
+}
+
+#[tokio::test]
+async fn a_call_nobody_answers_times_out_at_its_deadline_and_its_request_expires_in_the_queue() {
+    let mut broker = Broker::new().await;
+    let queue = unique("rpc-unanswered");
+    let _cleanup = QueueCleanup::new(vec![queue.clone()]);
+    broker
+        .declare(&queue, FieldTable::default())
+        .await
+        .expect("declare");
+    let (_conn, client) = client(&unique("rpc-client")).await;
+    let started = Instant::now();
+    let e = client
+        .call(RpcRequest::new(
+            "",
+            queue.as_str(),
+            b"anyone?".to_vec(),
+            Duration::from_millis(400),
+        ))
+        .await
+        .expect_err("no server");
+    let took = started.elapsed();
+    assert!(matches!(e, RpcError::Timeout { .. }), "{e:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(5),
+        "ended after {took:?}"
+    );
+    assert_eq!(
+        client.waiting(),
+        0,
+        "the timed-out call left nothing behind"
+    );
+    // The request carried its deadline as its expiration.
+    assert!(
+        broker.wait_ready(&queue, 0, Duration::from_secs(10)).await,
+        "the request expired in the queue"
+    );
+    broker.delete(std::slice::from_ref(&queue)).await;
+}
+
+#[tokio::test]
+async fn an_unroutable_call_fails_at_once_not_at_its_deadline() {
+    let (_conn, client) = client(&unique("rpc-client")).await;
+    let started = Instant::now();
+    let e = client
+        .call(RpcRequest::new(
+            "",
+            unique("rpc-nobody-home").as_str(),
+            b"x".to_vec(),
+            Duration::from_secs(30),
+        ))
+        .await
+        .expect_err("no such queue");
+    assert!(matches!(e, RpcError::Unroutable { .. }), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(client.waiting(), 0);
+}
+
+#[tokio::test]
+async fn calls_in_flight_when_the_connection_is_closed_each_end_with_a_reply_or_a_typed_error() {
+    let queue = unique("rpc-close");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (running, _handled) = serve(&queue, Duration::from_millis(1500), 4).await;
+    let name = unique("rpc-closed-client");
+    let (_conn, client) = client(&name).await;
+    // One call first, so the client's channel and reply consumer exist.
+    client
+        .call(RpcRequest::new(
+            "",
+            queue.as_str(),
+            b"warm".to_vec(),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("a first reply");
+
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    // 16 calls, 4 at a time, 1.5 s each: most still wait when the close
+    // comes.
+    let deadline = Duration::from_secs(12);
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let client = client.clone();
+            let queue = queue.clone();
+            let outcomes = outcomes.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let r = client
+                    .call(RpcRequest::new(
+                        "",
+                        queue.as_str(),
+                        format!("c{i}").into_bytes(),
+                        deadline,
+                    ))
+                    .await;
+                outcomes
+                    .lock()
+                    .unwrap()
+                    .push((r.map(|_| ()), started.elapsed()));
+            })
+        })
+        .collect();
+    // Close the client's connection from the broker while calls wait.
+    assert!(
+        support::eventually(Duration::from_secs(5), || async { client.waiting() > 0 }).await,
+        "calls are waiting"
+    );
+    let listing = support::list_connections(&["pid", "client_properties"]).await;
+    let pid = listing
+        .lines()
+        .find(|l| l.contains(&name))
+        .and_then(|l| l.split('\t').next())
+        .expect("the client's connection is listed")
+        .to_owned();
+    let out = support::rabbitmqctl()
+        .args(["close_connection", &pid, "acemq test: closed during calls"])
+        .output()
+        .await
+        .expect(support::RABBITMQCTL_RUNS);
+    assert!(out.status.success());
+    for c in calls {
+        tokio::time::timeout(deadline + Duration::from_secs(5), c)
+            .await
+            .expect("no call hangs past its deadline")
+            .expect("the call's task");
+    }
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+    assert_eq!(outcomes.len(), 16);
+    let lost = outcomes
+        .iter()
+        .filter(|(r, _)| matches!(r, Err(RpcError::ConnectionLost { .. })))
+        .count();
+    assert!(lost > 0, "some calls were cut by the close: {outcomes:?}");
+    for (r, took) in outcomes.iter() {
+        assert!(
+            matches!(
+                r,
+                Ok(()) | Err(RpcError::ConnectionLost { .. }) | Err(RpcError::Timeout { .. })
+            ),
+            "{r:?}"
+        );
+        assert!(*took <= deadline + Duration::from_secs(1), "{took:?}");
+    }
+    assert_eq!(client.waiting(), 0);
+    running.drain().await.expect("clean drain");
+    Broker::new()
+        .await
+        .delete(&support::all_queues(&queue))
+        .await;
+}
