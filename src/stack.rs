@@ -6,13 +6,26 @@
 //! | | layer | why there |
 //! |---|---|---|
 //! | 1 | pause gate | a held delivery has not started: not in flight, handed back without touching anything below |
-//! | 2 | in-flight count | everything below is work the drain waits for and counts |
-//! | 3 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
+//! | 1a | per-key ordering (the queue's `ordered_by`, if set) | a delivery waiting for its key's turn is held; the key is kept through in-process retries |
+//! | 2 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
+//! | 3 | claim: in-flight count and concurrency | the delivery enters the handler's side: from here it is in flight and holds one of the queue's `concurrency` permits |
 //! | 4 | dead-letter | turns "cannot be handled" into a confirmed copy in `Q.dlq` with the reason |
 //! | 5 | retry | waits here or on a rung, and calls the layers below again |
 //! | 6 | cancellation | the drain's token, a caught panic, abandonment |
 //! | 7 | **your inner layers** ([`QueueStack::inner`]) | see each attempt: a timeout per attempt, metrics per attempt, your axum-style middleware |
 //! | 8 | your handler | |
+//!
+//! # Held until claimed
+//!
+//! A delivery is *in flight* from the claim (row 3) until its outcome
+//! exists; before that it is *held* — at the pause gate, or in your outer
+//! layers (a `Buffer` in front of a `RateLimit`, a key's turn). A held
+//! delivery holds no concurrency permit (`concurrency` counts handlers, the
+//! queue's `prefetch` bounds what is held), is not counted in flight, and
+//! at a drain is handed back to the broker at once — never waited for,
+//! never reported as an abandoned handler. If your outer layer passes it on
+//! after that, the claim refuses it and your handler does not run. See
+//! [`ClaimLayer`](acemq_layers::ClaimLayer).
 //!
 //! # Outer layers cannot change what was carried out
 //!
@@ -105,8 +118,8 @@ use std::fmt;
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, CancelLayer, Cancellation, Classify, DeadLetterLayer, Decision, DefaultClassifier,
-    Delivery, InFlightCounter, InFlightLayer, PauseHandle, PauseLayer, Publish, RetryLayer,
+    BoxError, CancelLayer, Cancellation, ClaimLayer, Classify, DeadLetterLayer, Decision,
+    DefaultClassifier, Delivery, InFlightCounter, PauseHandle, PauseLayer, Publish, RetryLayer,
     RetryPolicy,
 };
 use tokio_util::sync::CancellationToken;
@@ -178,8 +191,9 @@ impl Default for QueueStack {
 }
 
 impl<O, I, C> QueueStack<O, I, C> {
-    /// Adds a layer outside dead-letter and retry (inside the pause gate
-    /// and the in-flight count). The first added is the outermost.
+    /// Adds a layer outside dead-letter and retry (inside the pause gate,
+    /// outside the claim: a delivery waiting in it is held, not in flight).
+    /// The first added is the outermost.
     pub fn outer<L>(self, layer: L) -> QueueStack<Stack<L, O>, I, C> {
         QueueStack {
             outer: Stack::new(layer, self.outer),
@@ -232,6 +246,9 @@ pub(crate) struct Parts<'a, P> {
     pub(crate) queue: &'a QueueConfig,
     pub(crate) gate: PauseHandle,
     pub(crate) in_flight: InFlightCounter,
+    /// The queue's concurrency limit, shared by its generations (`None`:
+    /// unlimited), taken at the claim.
+    pub(crate) concurrency: Option<std::sync::Arc<tokio::sync::Semaphore>>,
     pub(crate) publisher: P,
     pub(crate) draining: CancellationToken,
     /// The handlers' token (the loop's deliveries carry it on their
@@ -246,16 +263,18 @@ pub(crate) struct Parts<'a, P> {
 
 /// Turns the inner stack's decision into the [`Outcome`] outer layers see.
 pub(crate) type Sealer = fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>;
-/// And back, for the in-flight count, the gate and the loop.
+/// And back, for the gate and the loop.
 type Unsealer<E> = fn(Result<Outcome, E>) -> Result<Decision, BoxError>;
 
-/// The handler's service as the acemq layers see it.
-pub(crate) type Attempts<H, I, P, C> = acemq_layers::DeadLetter<
-    acemq_layers::RedeliveryLimit<
-        acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+/// The handler's service as the acemq layers see it, from the claim down.
+pub(crate) type Attempts<H, I, P, C> = acemq_layers::Claim<
+    acemq_layers::DeadLetter<
+        acemq_layers::RedeliveryLimit<
+            acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+        >,
+        P,
+        C,
     >,
-    P,
-    C,
 >;
 
 /// Builds exactly the stack `App` runs for a queue (the test harness
@@ -293,7 +312,13 @@ where
     let policy = stack.policy.clone().unwrap_or_else(|| q.policy());
     let sealed: Sealer = seal;
     let unsealed: Unsealer<<O::Service as Service<Delivery>>::Error> = unseal;
+    let claim = ClaimLayer::new(parts.in_flight);
+    let claim = match parts.concurrency {
+        Some(limit) => claim.concurrency(limit),
+        None => claim,
+    };
     let attempts = ServiceBuilder::new()
+        .layer(claim)
         .layer(
             DeadLetterLayer::new(parts.publisher.clone())
                 .classifier(stack.classifier.clone())
@@ -317,9 +342,15 @@ where
     let outer = stack
         .outer
         .layer(MapResultLayer::new(sealed).layer(attempts));
+    // `ordered_by`: a delivery waiting for its key's turn is held (before
+    // the claim), and the key is kept through in-process retries.
+    let partition = q
+        .ordered_by
+        .as_ref()
+        .map(|by| acemq_layers::PartitionLayer::new(by.key()));
     ServiceBuilder::new()
         .layer(PauseLayer::new(parts.gate))
-        .layer(InFlightLayer::new(parts.in_flight))
+        .option_layer(partition)
         .layer(MapResultLayer::new(unsealed))
         .service(outer)
 }

@@ -357,6 +357,7 @@ impl TestQueue {
                 queue: &queue,
                 gate: gate.clone(),
                 in_flight: in_flight.clone(),
+                concurrency: None,
                 publisher: publisher.clone(),
                 draining: draining.clone(),
                 cancel: Cancellation::new(cancel.clone()),

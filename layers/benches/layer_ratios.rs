@@ -265,10 +265,12 @@ fn run_group(
     }
 }
 
-const LABELS: [(&str, &str); 9] = [
+const LABELS: [(&str, &str); 11] = [
     ("bare", "bare service_fn"),
     ("yardstick", "yardstick: tower ConcurrencyLimit"),
     ("in_flight", "in-flight"),
+    ("claim", "claim (in-flight + concurrency permit)"),
+    ("partition", "partition (a free key)"),
     ("pause_open", "pause (open)"),
     ("cancel", "cancel (woken by the loop, as App runs it)"),
     ("cancel_self_waking", "cancel (waking itself)"),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Extensions;
 
-use crate::lifeline::{Cancellation, Lifeline};
+use crate::lifeline::{Cancellation, ClaimCell, Lifeline};
 use crate::sync::CancellationToken;
 
 use crate::headers::{Headers, Value};
@@ -98,6 +98,7 @@ struct Shared {
     delivery_tag: u64,
     redelivered: bool,
     lifeline: Lifeline,
+    claim: ClaimCell,
 }
 
 /// Builds a [`Delivery`]; used by the transport binding, tests and benches.
@@ -183,6 +184,7 @@ impl DeliveryBuilder {
                 delivery_tag: self.delivery_tag,
                 redelivered: self.redelivered,
                 lifeline: self.lifeline.unwrap_or_default(),
+                claim: ClaimCell::new(),
             }),
             attempt,
             token: self.token,
@@ -333,6 +335,35 @@ impl Delivery {
     /// new shared part of its own (one allocation).
     pub fn set_lifeline(&mut self, lifeline: Lifeline) {
         Arc::make_mut(&mut self.shared).lifeline = lifeline;
+    }
+    /// Whether the innermost part of the stack has claimed this delivery:
+    /// it entered the handler's side of the stack and is in flight (see
+    /// [`ClaimLayer`](crate::ClaimLayer)). Before that it is *held*.
+    pub fn is_claimed(&self) -> bool {
+        self.shared.claim.is_claimed()
+    }
+    /// Whether the transport handed this delivery back while it was held
+    /// ([`hand_back_if_held`](Self::hand_back_if_held) won the race).
+    pub fn is_handed_back(&self) -> bool {
+        self.shared.claim.is_handed_back()
+    }
+    /// The transport's side of the race with the claim: hands the delivery
+    /// back if it is still held. `true` when it is handed back (by this
+    /// call or an earlier one): the transport returns it to the broker and
+    /// a later claim is refused without running the handler; `false` when
+    /// it was claimed first: it is in flight, and the transport waits for
+    /// its outcome as for any other.
+    pub fn hand_back_if_held(&self) -> bool {
+        self.shared.claim.hand_back()
+    }
+    /// The claim: `true` when the delivery is claimed (now or before),
+    /// `false` when it was handed back first — or is being handed back now,
+    /// because its lifeline says every held delivery goes back.
+    pub(crate) fn claim(&self) -> bool {
+        if self.shared.lifeline.hands_back_held() && self.shared.claim.hand_back() {
+            return false;
+        }
+        self.shared.claim.claim()
     }
     /// User extensions.
     pub fn extensions(&self) -> &Extensions {

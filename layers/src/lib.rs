@@ -10,7 +10,8 @@
 //! | layer | what it does | state the drain reads |
 //! |---|---|---|
 //! | [`pause`] | holds requests before the handler; `close()` hands them back | held count |
-//! | [`in_flight`] | counts deliveries inside the handler, per queue | count, `wait_idle()` |
+//! | [`in_flight`] | counts deliveries inside the handler, per queue; [`ClaimLayer`] is the claim point (in flight from there, with a concurrency permit; held before it, and handed back) | count, `wait_idle()` |
+//! | [`partition`] | runs deliveries with equal keys one at a time, in arrival order; a waiting one is held | waiting count |
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
 //! | [`redelivery`] | dead-letters a message redelivered past its bound (crash loops) | — |
 //! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
@@ -24,20 +25,24 @@
 //! 1. [`PauseLayer`] — a held request has not started, so it must not count
 //!    as in flight, and `close()` can hand it back without touching anything
 //!    below.
-//! 2. [`InFlightLayer`] — everything below is work the drain waits for:
-//!    handler attempts, in-process backoffs, and the confirmed publishes of
-//!    retries and dead-letters.
-//! 3. [`DeadLetterLayer`] — turns a dead-letter decision from below into a
+//! 2. Anything that holds a delivery before the work begins: a
+//!    [`PartitionLayer`] (a key's turn), your own `Buffer` and `RateLimit`.
+//!    What waits here is held: not in flight, handed back at a drain.
+//! 3. [`ClaimLayer`] (or [`InFlightLayer`], which counts without claiming) —
+//!    everything below is work the drain waits for: handler attempts,
+//!    in-process backoffs, and the confirmed publishes of retries and
+//!    dead-letters.
+//! 4. [`DeadLetterLayer`] — turns a dead-letter decision from below into a
 //!    confirmed publish with the reason headers.
-//! 4. [`RedeliveryLimitLayer`] — a delivery the broker redelivered more than
+//! 5. [`RedeliveryLimitLayer`] — a delivery the broker redelivered more than
 //!    `max_redeliveries` times (`x-delivery-count`, quorum queues) becomes a
 //!    dead-letter decision for the layer above, without any attempt below.
-//! 5. [`RetryLayer`] — calls the inner service again after an in-process
+//! 6. [`RetryLayer`] — calls the inner service again after an in-process
 //!    wait, or publishes to a rung; decides when attempts are exhausted.
-//! 6. [`CancelLayer`] — innermost, so each attempt is watched on its own,
+//! 7. [`CancelLayer`] — innermost, so each attempt is watched on its own,
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
-//! 7. Your handler, with any of your own tower layers around it. It returns
+//! 8. Your handler, with any of your own tower layers around it. It returns
 //!    `Ok(())` (acknowledge) or `Ok(`[`Verdict`]`)` (requeue, dead-letter
 //!    now); an error is retried, or dead-lettered at once when it carries a
 //!    [`Reject`] anywhere (see [`DefaultClassifier`]).
@@ -116,6 +121,7 @@ pub mod headers;
 pub mod in_flight;
 pub mod inbox;
 mod lifeline;
+pub mod partition;
 pub mod pause;
 mod publish;
 pub mod redelivery;
@@ -135,9 +141,10 @@ pub use error::{
     display_chain, is_timeout, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
 };
 pub use headers::{Headers, Value};
-pub use in_flight::{InFlight, InFlightCounter, InFlightLayer};
+pub use in_flight::{Claim, ClaimLayer, InFlight, InFlightCounter, InFlightLayer};
 pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
+pub use partition::{Partition, PartitionLayer};
 pub use pause::{Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};

@@ -231,6 +231,13 @@ pub struct Lifeline {
 struct LifelineInner {
     lost: CancellationToken,
     cancellation: Option<Cancellation>,
+    // Set when the transport hands back every delivery of the generation
+    // that is still held (not claimed): see [`Lifeline::hand_back_held`].
+    // std's atomic in every build: one flag, set once, read with the claim
+    // (the race is decided by the delivery's `ClaimCell` alone), and a
+    // lifeline may be a process-wide static, which a model-checked atomic
+    // cannot be.
+    hand_back_held: std::sync::atomic::AtomicBool,
 }
 
 impl Lifeline {
@@ -240,6 +247,7 @@ impl Lifeline {
             inner: Arc::new(LifelineInner {
                 lost: CancellationToken::new(),
                 cancellation: None,
+                hand_back_held: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -251,6 +259,7 @@ impl Lifeline {
             inner: Arc::new(LifelineInner {
                 lost: CancellationToken::new(),
                 cancellation: Some(cancellation),
+                hand_back_held: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -277,6 +286,27 @@ impl Lifeline {
         self.inner.lost.is_cancelled()
     }
 
+    /// From now on, every delivery of this generation that is still *held*
+    /// (not yet [claimed](crate::ClaimLayer) by the innermost part of the
+    /// stack) is handed back: a claim that comes later is refused, and the
+    /// transport, seeing [`Delivery::hand_back_if_held`](crate::Delivery::hand_back_if_held)
+    /// win, returns the delivery to the broker without waiting for it.
+    /// Final. A transport calls it when its drain hands back what it holds,
+    /// at the drain's deadline, and when the channel is lost.
+    ///
+    /// Meant for a transport's own lifeline: on [`Lifeline::never`] (shared
+    /// by every delivery built without one) it would refuse every later
+    /// claim in the process.
+    pub fn hand_back_held(&self) {
+        self.inner.hand_back_held.store(true, Ordering::Release);
+    }
+
+    /// Whether [`hand_back_held`](Self::hand_back_held) was called (one
+    /// atomic load).
+    pub fn hands_back_held(&self) -> bool {
+        self.inner.hand_back_held.load(Ordering::Acquire)
+    }
+
     /// Resolves when the lifeline is lost.
     ///
     /// # Cancellation safety
@@ -297,6 +327,82 @@ impl fmt::Debug for Lifeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lifeline")
             .field("lost", &self.is_lost())
+            .field("hands_back_held", &self.hands_back_held())
             .finish()
+    }
+}
+
+/// Where one delivery stands between its arrival and its handler: *held*
+/// until the innermost part of the stack claims it, then *claimed* (in
+/// flight) for good — unless the transport handed it back first. Every
+/// copy of a delivery shares it (it lives in the part copies share: no
+/// allocation of its own). The two writers race on one atomic and the
+/// first wins: a claim after a hand-back is refused, a hand-back after a
+/// claim does nothing.
+///
+/// std's atomic in every build (one compare-and-swap decides the race; a
+/// delivery may be built outside a model-checked execution).
+pub(crate) struct ClaimCell(std::sync::atomic::AtomicU8);
+
+const HELD: u8 = 0;
+const CLAIMED: u8 = 1;
+const HANDED_BACK: u8 = 2;
+
+impl ClaimCell {
+    pub(crate) fn new() -> Self {
+        ClaimCell(std::sync::atomic::AtomicU8::new(HELD))
+    }
+
+    /// Held → claimed. `true` if the delivery is claimed (now or before),
+    /// `false` if it was handed back first.
+    pub(crate) fn claim(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(HELD, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == CLAIMED,
+        }
+    }
+
+    /// Held → handed back. `true` if the delivery is handed back (now or
+    /// before), `false` if it was claimed first.
+    pub(crate) fn hand_back(&self) -> bool {
+        match self
+            .0
+            .compare_exchange(HELD, HANDED_BACK, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == HANDED_BACK,
+        }
+    }
+
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.0.load(Ordering::Acquire) == CLAIMED
+    }
+
+    pub(crate) fn is_handed_back(&self) -> bool {
+        self.0.load(Ordering::Acquire) == HANDED_BACK
+    }
+}
+
+impl Clone for ClaimCell {
+    // A delivery's shared part is copied only when a copy replaces its
+    // lifeline before being cloned (`Delivery::set_lifeline`): the copy
+    // starts where the original stands.
+    fn clone(&self) -> Self {
+        ClaimCell(std::sync::atomic::AtomicU8::new(
+            self.0.load(Ordering::Acquire),
+        ))
+    }
+}
+
+impl fmt::Debug for ClaimCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0.load(Ordering::Relaxed) {
+            HELD => "held",
+            CLAIMED => "claimed",
+            _ => "handed back",
+        })
     }
 }

@@ -64,14 +64,17 @@ async fn handle_yielding(d: Delivery) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The stack in `acemq::App::consume`'s order (pause → in-flight →
+/// The stack in `acemq::App::consume`'s order (pause → claim →
 /// dead-letter → retry → cancel; `App` also has the redelivery limit between
 /// dead-letter and retry), around `handler`.
 macro_rules! whole_stack {
     ($handler:expr) => {
         ServiceBuilder::new()
             .layer(PauseLayer::new(PauseHandle::new()))
-            .layer(InFlightLayer::new(InFlightCounter::new()))
+            .layer(
+                acemq_layers::ClaimLayer::new(InFlightCounter::new())
+                    .concurrency(std::sync::Arc::new(tokio::sync::Semaphore::new(8))),
+            )
             .layer(DeadLetterLayer::new(NoopPublish))
             .layer(RetryLayer::new(
                 policy(),
@@ -202,6 +205,25 @@ fn each_layer(rt: &Runtime) {
             .layer(InFlightLayer::new(InFlightCounter::new()))
             .service_fn(handle_decision),
     );
+    let claim = allocations_per_delivery(
+        rt,
+        ServiceBuilder::new()
+            .layer(
+                acemq_layers::ClaimLayer::new(InFlightCounter::new())
+                    .concurrency(std::sync::Arc::new(tokio::sync::Semaphore::new(8))),
+            )
+            .service_fn(handle_decision),
+    );
+    // Every delivery's key free (a new key each).
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let partition = allocations_per_delivery(
+        rt,
+        ServiceBuilder::new()
+            .layer(acemq_layers::PartitionLayer::new(move |_: &Delivery| {
+                Some(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            }))
+            .service_fn(handle_decision),
+    );
     let pause = allocations_per_delivery(
         rt,
         ServiceBuilder::new()
@@ -248,6 +270,8 @@ fn each_layer(rt: &Runtime) {
     let rows = [
         ("bare service_fn", bare, 0.0),
         ("in-flight", in_flight, 0.0),
+        ("claim", claim, 0.0),
+        ("partition (a free key)", partition, 0.0),
         ("pause (open)", pause, 0.0),
         ("cancel", cancel, 0.0),
         ("cancel, yields once", cancel_waiting, 0.0),

@@ -52,6 +52,7 @@ impl<'a> StartCtx<'a> {
             queue: self.queue,
             gate: self.gate.clone(),
             in_flight: self.health.in_flight().clone(),
+            concurrency: Some(self.slots.clone()),
             publisher: self.publisher.clone(),
             draining: self.draining.clone(),
             // The supervisor (the one maker of a `StartCtx`) puts

@@ -46,6 +46,7 @@ mod broker_args;
 pub mod duration;
 mod error;
 mod load;
+mod ordering;
 mod queue;
 mod routing;
 mod schema;
@@ -56,6 +57,7 @@ mod validate_limits;
 mod validate_routing;
 
 pub use error::{ConfigError, Format};
+pub use ordering::OrderedBy;
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 pub use schema::{Config, TlsConfig};

@@ -115,6 +115,10 @@ pub struct QueueConfig {
     /// [`RedeliveryLimitLayer`](acemq_layers::RedeliveryLimitLayer).
     #[serde(default = "QueueConfig::default_max_redeliveries")]
     pub max_redeliveries: u32,
+    /// Per-key ordering: `{ header: NAME }`, `routing_key` or `message_id`
+    /// (see [`OrderedBy`](super::OrderedBy)); none by default.
+    #[serde(default)]
+    pub ordered_by: Option<super::ordering::OrderedBy>,
     /// How many times the broker may time out a message's acknowledgement
     /// (its `consumer_timeout`: it closes the channel, or on RabbitMQ 4.3
     /// cancels the consumer, and every unacknowledged delivery comes back)
@@ -149,6 +153,7 @@ impl QueueConfig {
             arguments: Arguments::new(),
             bindings: Vec::new(),
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
+            ordered_by: None,
             consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
         }
     }

@@ -98,6 +98,9 @@ impl Config {
                 ));
             }
             queue.validate_at(i)?;
+            if let Some(ordered_by) = &queue.ordered_by {
+                ordered_by.validate_at(i)?;
+            }
         }
         self.validate_limits()?;
         self.validate_routing()?;

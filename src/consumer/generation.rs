@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use lapin::Channel;
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
-use tokio_util::sync::{CancellationToken, PollSemaphore};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tracing::{debug, warn};
 
@@ -47,8 +47,6 @@ pub(super) struct Generation<'a, S> {
     /// The stack, knowing each delivery by its strike key.
     pub(super) service: Struck<S>,
     pub(super) ready: bool,
-    pub(super) slots: PollSemaphore,
-    pub(super) slot: Option<OwnedSemaphorePermit>,
     pub(super) policy: PrefetchPolicy,
     pub(super) dead_letter: bool,
     pub(super) stats: &'a QueueStats,
@@ -141,6 +139,8 @@ where
         self.lost_in_drain(&error);
         self.started.clear();
         self.lifeline.lose();
+        // What is held goes back with the channel: not waited for.
+        self.lifeline.hand_back_held();
         self.cancel.cancel();
         let dropped = self.buffer.len();
         self.buffer.clear();
@@ -191,10 +191,14 @@ where
     /// A handler finished.
     pub(super) fn finished(
         &mut self,
-        (decision, tag, started): Finished,
+        (decision, tag, started, held): Finished,
         intake: &CancellationToken,
     ) {
         let key = self.started.remove(tag);
+        if held {
+            self.held_handed_back(tag);
+            return;
+        }
         if self.lost || !self.channel.status().connected() {
             self.stats.orphaned.fetch_add(1, Ordering::Relaxed);
             self.outcomes.orphaned.increment(1);
@@ -216,6 +220,19 @@ where
         self.ledger.record(tag, outcome, &mut self.ops);
     }
 
+    /// A delivery handed back while it was held in the stack (before the
+    /// claim): it goes back like a buffered one; on a lost channel the
+    /// broker has it already.
+    fn held_handed_back(&mut self, tag: u64) {
+        if self.lost || !self.channel.status().connected() {
+            debug!(queue = %self.queue, delivery_tag = tag, "a delivery held before its handler went back with the channel");
+            return;
+        }
+        self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
+        self.outcomes.handed_back.increment(1);
+        self.ledger.record(tag, Outcome::Requeue, &mut self.ops);
+    }
+
     /// Under `hand_back`, once the cancel is answered: what is buffered
     /// goes back.
     pub(super) fn hand_back_buffered(&mut self) {
@@ -227,29 +244,22 @@ where
         }
     }
 
-    /// Whether a buffered delivery may start now (apart from slot and
-    /// readiness).
+    /// Whether a buffered delivery may start now (apart from readiness).
     fn may_start(&self) -> bool {
         !self.lost
             && !self.buffer.is_empty()
             && (!self.stopping || self.policy == PrefetchPolicy::HandleBuffered)
     }
 
-    /// Starts the next buffered delivery if a slot is free and the stack is
-    /// ready. `Ready(None)` when nothing can start now.
+    /// Starts the next buffered delivery if the stack is ready (its claim
+    /// point has a concurrency permit, or an outer layer takes it to hold).
+    /// `Ready(None)` when nothing can start now.
     pub(super) fn poll_start(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<impl Future<Output = Finished> + Send + 'static>> {
         if !self.may_start() {
             return Poll::Ready(None);
-        }
-        if self.slot.is_none() {
-            match self.slots.poll_acquire(cx) {
-                Poll::Ready(Some(p)) => self.slot = Some(p),
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            }
         }
         if !self.ready {
             match self.service.poll_ready(cx) {
@@ -269,9 +279,8 @@ where
             return Poll::Ready(None);
         };
         self.ready = false;
-        let slot = self.slot.take();
         let tag = raw.delivery_tag;
-        let handler = start_handler(&mut self.service, self.queue, &self.lifeline, raw, slot);
+        let handler = start_handler(&mut self.service, self.queue, &self.lifeline, raw);
         self.started.insert(tag, received, self.service.last_key());
         Poll::Ready(Some(handler))
     }

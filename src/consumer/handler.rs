@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
-use tokio::sync::OwnedSemaphorePermit;
 use tower::Service;
 use tracing::Instrument;
 
 use crate::amqp::convert::delivery_from_lapin_on;
 
-/// What a handler's future yields: its decision, the delivery tag, and when
-/// the handler started.
-pub(super) type Finished = (Decision, u64, Instant);
+/// What a handler's future yields: its decision, the delivery tag, when
+/// the handler started, and whether the delivery was handed back while
+/// held (before the claim: no handler ran, and the decision is `HandBack`).
+pub(super) type Finished = (Decision, u64, Instant, bool);
 
 /// The stack's outermost future says when the pause gate let a held
 /// delivery through (`acemq.handler.duration` starts there).
@@ -30,14 +30,19 @@ impl<S, F> Released for acemq_layers::pause::future::ResponseFuture<S, F> {
 
 /// Turns a lapin delivery into a request, calls the stack, and returns the
 /// future that yields the decision with the delivery tag (inside the
-/// delivery's span). The queue's concurrency slot is held until the stack
-/// returns, not until the settle.
+/// delivery's span). The queue's concurrency permit is taken at the claim
+/// and held until the stack below it returns, not until the settle.
+///
+/// While the delivery is held (not claimed), the future resolves at once
+/// when the generation hands back what is held
+/// ([`Lifeline::hand_back_held`]) and it wins the race with the claim:
+/// whatever an outer layer still does with the request is dropped, and a
+/// claim that comes later is refused.
 pub(super) fn start_handler<S>(
     service: &mut S,
     queue: &Arc<str>,
     lifeline: &Lifeline,
     raw: lapin::message::Delivery,
-    slot: Option<OwnedSemaphorePermit>,
 ) -> impl Future<Output = Finished> + Send + 'static
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
@@ -48,10 +53,22 @@ where
     let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
     crate::amqp::span::record_delivery(&span, &delivery);
     let started = Instant::now();
+    let held = delivery.clone();
     let fut = span.in_scope(|| service.call(delivery));
     async move {
         let mut fut = std::pin::pin!(fut);
-        let output = fut.as_mut().await;
+        let output = std::future::poll_fn(|cx| {
+            if held.is_handed_back()
+                || (held.lifeline().hands_back_held() && held.hand_back_if_held())
+            {
+                return std::task::Poll::Ready(None);
+            }
+            fut.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        let Some(output) = output else {
+            return (Decision::HandBack, tag, started, true);
+        };
         // A delivery the pause gate held is timed from its release: the
         // time held is not handler time.
         let started = fut
@@ -70,8 +87,7 @@ where
             }
         };
         crate::amqp::span::record_decision(&tracing::Span::current(), &decision);
-        drop(slot);
-        (decision, tag, started)
+        (decision, tag, started, false)
     }
     .instrument(span)
 }

@@ -7,10 +7,11 @@
 //! - **Intake.** The stream is read eagerly into the generation's buffer
 //!   (the broker sends at most `prefetch` ahead), so the end of the stream —
 //!   a lost channel or connection, a broker-sent cancel — is seen at once,
-//!   not after the buffer has been worked through. A handler starts only
-//!   while the channel lives, the queue's concurrency limit has a slot
-//!   (one limit shared by every generation of the queue), and the stack is
-//!   ready.
+//!   not after the buffer has been worked through. A delivery goes into
+//!   the stack only while the channel lives and the stack is ready; the
+//!   queue's concurrency limit (one limit shared by every generation of
+//!   the queue) is taken at the stack's claim point, so a delivery an
+//!   outer layer holds takes none.
 //! - **Loss.** The moment the channel (or its connection) is known gone,
 //!   the generation is lost: no new handler starts, the buffer is dropped
 //!   (the broker has taken it back), running handlers are cancelled through
@@ -20,15 +21,18 @@
 //! - **Hand-back.** Under `hand_back`, once the drain has stopped intake no
 //!   new handler starts; what is buffered is handed back only after the
 //!   broker answered `basic.cancel` (a delivery requeued to a still
-//!   registered consumer would come straight back).
+//!   registered consumer would come straight back). So is every delivery
+//!   still held in the stack before its claim (an outer `Buffer`, a key's
+//!   turn): its future races the claim and, winning, resolves at once; the
+//!   same happens at the drain's deadline and on a loss.
 //! - **Settling.** Every outcome goes through the settle ledger, the only path
 //!   that settles: acks coalesce into `multiple` runs, nacks and rejects go
 //!   singly at their turn; held outcomes are flushed on the count, the time
 //!   bound, when the loop is idle with the prefetch window used up (the
 //!   broker then sends nothing until a settle), when intake stops, when the broker
 //!   answered the cancel, and before the loop ends and closes its channel.
-//!   A handler's concurrency slot is released when it returns, before its
-//!   settle is sent.
+//!   A handler's concurrency permit is released when the stack below the
+//!   claim returns, before its settle is sent.
 //!
 //! # Inside
 //!

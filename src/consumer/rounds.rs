@@ -140,6 +140,9 @@ where
                 || (self.st.stopping && self.handlers_cancelled.as_mut().poll(cx).is_ready()))
         {
             self.cancel_woken = true;
+            // What is still held (before the claim) is not a handler to
+            // cancel: it goes back at once.
+            self.st.lifeline.hand_back_held();
             self.handlers.wake_all();
             return true;
         }
@@ -208,14 +211,24 @@ where
     }
 
     /// Under `hand_back`, once the cancel is answered: what is buffered
-    /// goes back.
+    /// goes back, and so does what is held in the stack before its claim
+    /// (each handler's future is woken to race the claim for its delivery).
     fn hand_back(&mut self) -> bool {
         let st = &mut self.st;
-        if st.cancel_answered && st.policy == PrefetchPolicy::HandBack && !st.buffer.is_empty() {
-            st.hand_back_buffered();
-            return true;
+        if !st.cancel_answered || st.policy != PrefetchPolicy::HandBack {
+            return false;
         }
-        false
+        let mut progressed = false;
+        if !st.buffer.is_empty() {
+            st.hand_back_buffered();
+            progressed = true;
+        }
+        if !st.lifeline.hands_back_held() {
+            st.lifeline.hand_back_held();
+            self.handlers.wake_all();
+            progressed = true;
+        }
+        progressed
     }
 
     /// Start what may start.

@@ -12,7 +12,7 @@ use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use futures::stream::FuturesUnordered;
 use lapin::{Channel, Consumer};
 use tokio::sync::{oneshot, Semaphore};
-use tokio_util::sync::{CancellationToken, PollSemaphore};
+use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tracing::debug;
 
@@ -32,7 +32,8 @@ pub(crate) struct ConsumerLoop<S> {
     pub(crate) channel: Channel,
     pub(crate) consumer: Consumer,
     pub(crate) service: S,
-    /// The queue's concurrency limit, shared by its generations.
+    /// The queue's concurrency limit, shared by its generations (taken
+    /// at the stack's claim point; here only a size hint).
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) policy: PrefetchPolicy,
     pub(crate) dead_letter: bool,
@@ -82,8 +83,6 @@ where
             channel: &channel,
             service: Struck::new(service, stats.clone(), timeout_strikes),
             ready: false,
-            slots: PollSemaphore::new(slots),
-            slot: None,
             policy,
             dead_letter,
             stats: &stats,
@@ -105,7 +104,7 @@ where
         // Each handler runs in a slot whose waker was made with the slot:
         // no allocation or reference count per delivery, and one call wakes
         // them all.
-        let handlers = Slots::with_capacity(st.slots.available_permits());
+        let handlers = Slots::with_capacity(slots.available_permits());
         let settles = FuturesUnordered::new();
         // The handlers' cancellation: the stack's cancel layer registers no
         // waiter (woken_by_transport), the loop wakes every running handler

@@ -87,7 +87,7 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 
 /// Every case around `$handler`, in order: bare, the yardstick (tower's
 /// `ConcurrencyLimit`), each layer alone, and the full stack in
-/// `acemq::App::consume`'s order (pause → in-flight → dead-letter → retry
+/// `acemq::App::consume`'s order (pause → claim → dead-letter → retry
 /// → cancel; `App` also has the redelivery limit between dead-letter and
 /// retry, not measured here; the cancel layer woken by the loop, which runs each request in
 /// a slot of its `Slots` with a waker made once per slot — nothing per
@@ -119,6 +119,29 @@ macro_rules! each_case {
                 .layer(InFlightLayer::new(InFlightCounter::new()))
                 .service_fn($handler),
         );
+        // The claim point as App runs it: the queue's permits taken at the
+        // claim (never exhausted here).
+        v.case(
+            "claim",
+            ServiceBuilder::new()
+                .layer(
+                    acemq_layers::ClaimLayer::new(InFlightCounter::new()).concurrency(
+                        std::sync::Arc::new(tokio::sync::Semaphore::new(YARDSTICK_PERMITS)),
+                    ),
+                )
+                .service_fn($handler),
+        );
+        // Per-key ordering on its pass-through path: every delivery's key
+        // is free (a new key each: the running keys' map takes one in and
+        // out per delivery).
+        v.case("partition", {
+            let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            ServiceBuilder::new()
+                .layer(acemq_layers::PartitionLayer::new(move |_: &Delivery| {
+                    Some(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                }))
+                .service_fn($handler)
+        });
         v.case(
             "pause_open",
             ServiceBuilder::new()
@@ -166,7 +189,11 @@ macro_rules! each_case {
             "full_stack",
             ServiceBuilder::new()
                 .layer(PauseLayer::new(PauseHandle::new()))
-                .layer(InFlightLayer::new(InFlightCounter::new()))
+                .layer(
+                    acemq_layers::ClaimLayer::new(InFlightCounter::new()).concurrency(
+                        std::sync::Arc::new(tokio::sync::Semaphore::new(YARDSTICK_PERMITS)),
+                    ),
+                )
                 .layer(DeadLetterLayer::new(NoopPublish))
                 .layer(RetryLayer::new(
                     policy(),

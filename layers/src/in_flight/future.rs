@@ -118,3 +118,68 @@ impl fmt::Debug for WaitIdle {
             .finish()
     }
 }
+
+pin_project! {
+    /// Response future of [`Claim`](super::Claim): the inner future,
+    /// counted as in flight and holding its concurrency permit until it
+    /// completes or is dropped — or, for a delivery handed back before the
+    /// claim, [`Decision::HandBack`](crate::Decision::HandBack) at once,
+    /// the inner service never called.
+    #[must_use = "futures do nothing unless you `.await` or poll them"]
+    pub struct ClaimFuture<F> {
+        #[pin]
+        inner: Option<F>,
+        guard: Option<Guard>,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    }
+}
+
+impl<F> ClaimFuture<F> {
+    pub(crate) fn claimed(
+        inner: F,
+        guard: Guard,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
+        ClaimFuture {
+            inner: Some(inner),
+            guard: Some(guard),
+            permit,
+        }
+    }
+
+    pub(crate) fn refused() -> Self {
+        ClaimFuture {
+            inner: None,
+            guard: None,
+            permit: None,
+        }
+    }
+}
+
+impl<F, E> Future for ClaimFuture<F>
+where
+    F: Future<Output = Result<crate::Decision, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(Ok(crate::Decision::HandBack));
+        };
+        let output = std::task::ready!(inner.poll(cx));
+        // Uncount and free the permit as soon as the result exists.
+        this.guard.take();
+        this.permit.take();
+        Poll::Ready(output)
+    }
+}
+
+impl<F> fmt::Debug for ClaimFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimFuture")
+            .field("claimed", &self.inner.is_some())
+            .field("in_flight", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -29,6 +29,36 @@
 //! holds has not started and is not in flight. Everything under it (retries,
 //! their waits, dead-letter publishes) is work the drain waits for.
 //!
+//! # Held until claimed
+//!
+//! [`ClaimLayer`] is the counting layer a transport puts at the claim
+//! point: the innermost part of the stack that every delivery passes once,
+//! right before the work on it begins (acemq puts it under your outer
+//! layers, above dead-letter and retry). It *claims* each delivery as it
+//! enters: from then on the delivery is **in flight** — counted here,
+//! holding one of the queue's concurrency permits
+//! ([`concurrency`](ClaimLayer::concurrency), taken in `poll_ready` as
+//! tower's `ConcurrencyLimit` does) until its outcome exists. Everything
+//! before the claim is **held**: waiting at a pause gate, for a key's turn,
+//! in an outer `Buffer` for a `RateLimit` permit, in a batch being formed.
+//! A held delivery holds no permit (concurrency counts handlers; the
+//! broker's prefetch bounds what is held), is not in flight, and can be
+//! handed back:
+//!
+//! - the transport calls [`Lifeline::hand_back_held`](crate::Lifeline::hand_back_held)
+//!   on the generation's lifeline and, for each delivery it still waits
+//!   for, [`Delivery::hand_back_if_held`]: one atomic on the delivery
+//!   decides the race with the claim — the first writer wins;
+//! - if the hand-back won, the transport returns the delivery to the broker
+//!   at once, and a claim that comes later (tower's `Buffer` worker passing
+//!   on a request it had already taken) is refused: the layers below are
+//!   not called and the request resolves to
+//!   [`Decision::HandBack`](crate::Decision::HandBack);
+//! - if the claim won, the delivery is in flight like any other.
+//!
+//! A delivery is claimed once: a retry's later attempts run under the
+//! claim, and clones of a delivery share it.
+//!
 //! # Example
 //!
 //! ```
@@ -55,12 +85,41 @@
 //! counter.wait_idle().await; // resolves at once: nothing in flight
 //! # }
 //! ```
+//!
+//! The claim point, and a delivery handed back before it:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use acemq_layers::{ClaimLayer, Decision, Delivery, InFlightCounter, Lifeline};
+//! use tokio::sync::Semaphore;
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let counter = InFlightCounter::new();
+//! let svc = ServiceBuilder::new()
+//!     .layer(ClaimLayer::new(counter.clone()).concurrency(Arc::new(Semaphore::new(8))))
+//!     .service_fn(|_d: Delivery| async { Ok::<_, std::io::Error>(Decision::Ack) });
+//! let lifeline = Lifeline::new(); // a transport's, one per channel
+//! let first = Delivery::builder().queue("orders").lifeline(lifeline.clone()).build();
+//! assert_eq!(svc.clone().oneshot(first.clone()).await.unwrap(), Decision::Ack);
+//! assert!(first.is_claimed());
+//!
+//! // The drain hands back what is held; a claim after that is refused.
+//! let waiting = Delivery::builder().queue("orders").lifeline(lifeline.clone()).build();
+//! lifeline.hand_back_held();
+//! assert!(waiting.hand_back_if_held());
+//! assert_eq!(svc.oneshot(waiting).await.unwrap(), Decision::HandBack);
+//! assert_eq!(counter.total(), 0);
+//! # }
+//! ```
 
+mod claim;
 mod counter;
 pub mod future;
 mod layer;
 mod service;
 
+pub use claim::{Claim, ClaimLayer};
 pub use counter::InFlightCounter;
 pub use layer::InFlightLayer;
 pub use service::InFlight;
