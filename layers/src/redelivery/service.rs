@@ -117,6 +117,8 @@ fn struck_out(delivery: &Delivery) -> Option<Decision> {
             published: false,
         })
     })
+}
+
 /// How many times the broker says this message came back, and the header
 /// that says so: the larger of `x-delivery-count` and `x-acquired-count`
 /// (RabbitMQ 4.3 counts every return in the latter, only failures in the
