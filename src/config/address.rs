@@ -430,7 +430,7 @@ mod tests {
         let problems = check_address_list(&list);
         let at: Vec<(usize, usize)> = problems.iter().map(|(i, n, _)| (*i, *n)).collect();
         assert_eq!(at, [(0, 2), (1, 3)], "{problems:?}");
-        assert!(problems[0].2.contains("scheme \"http\""), "{problems:?}");
+        assert!(problems[0].2.contains("scheme is \"http\""), "{problems:?}");
         assert!(!problems[0].2.contains("s3cret"), "{problems:?}");
         assert!(check_address_list(&strings(&["amqp://a, amqp://b"])).is_empty());
         // One address whose user name holds a comma is named as one.
