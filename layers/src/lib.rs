@@ -15,6 +15,7 @@
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
 //! | [`redelivery`] | dead-letters a message redelivered past its bound (crash loops) | — |
 //! | [`retry`] | backoff in process or on a rung queue in the broker | waits in progress |
+//! | [`breaker`] | counts attempts; opens the gate's circuit when too many fail, probes after a cool-down | the circuit's state, on the gate |
 //! | [`cancel`] | a read-only view of the root token per request; abandons after a grace period | running handlers |
 //! | [`inbox`] | skips a delivery already processed, per (queue, message id); yours to add around the handler | — |
 //!
@@ -39,7 +40,10 @@
 //!    dead-letter decision for the layer above, without any attempt below.
 //! 6. [`RetryLayer`] — calls the inner service again after an in-process
 //!    wait, or publishes to a rung; decides when attempts are exhausted.
-//! 7. [`CancelLayer`] — innermost, so each attempt is watched on its own,
+//! 7. [`CircuitBreakerLayer`] (when you want one) — inside the retry
+//!    layer, so every attempt counts, in-process retries included; it acts
+//!    on the gate of step 1 (the same [`PauseHandle`]).
+//! 8. [`CancelLayer`] — innermost, so each attempt is watched on its own,
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
 //! 8. Your handler, with any of your own tower layers around it. It returns
@@ -112,6 +116,7 @@
 //! that reached 0 before the wait began reads the new waiter late
 //! (`src/tests/loom_in_flight.rs` has the interleaving).
 
+pub mod breaker;
 pub mod cancel;
 pub mod dead_letter;
 mod decision;
@@ -131,6 +136,7 @@ mod sync;
 mod tests;
 pub mod verdict;
 
+pub use breaker::{BreakerPolicy, BreakerPolicyError, CircuitBreaker, CircuitBreakerLayer};
 pub use cancel::{Cancel, CancelLayer};
 pub use dead_letter::{DeadLetter, DeadLetterLayer};
 pub use decision::{DeadLetterDecision, Decision, Reason, RetryDecision, RetryVia};
@@ -145,7 +151,7 @@ pub use in_flight::{Claim, ClaimLayer, InFlight, InFlightCounter, InFlightLayer}
 pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
 pub use partition::{Partition, PartitionLayer};
-pub use pause::{Pause, PauseHandle, PauseLayer};
+pub use pause::{Circuit, Pause, PauseHandle, PauseLayer};
 pub use publish::{Outgoing, Publish, PublishError};
 pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};

@@ -24,8 +24,8 @@
 use std::hint::black_box;
 
 use acemq_layers::{
-    BoxError, CancelLayer, Cancellation, DeadLetterLayer, Delivery, InFlightCounter, InFlightLayer,
-    Lifeline, PauseHandle, PauseLayer, RetryLayer,
+    BoxError, BreakerPolicy, CancelLayer, Cancellation, CircuitBreakerLayer, DeadLetterLayer,
+    Delivery, InFlightCounter, InFlightLayer, Lifeline, PauseHandle, PauseLayer, RetryLayer,
 };
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -264,6 +264,16 @@ fn each_layer(rt: &Runtime) {
             .layer(DeadLetterLayer::new(NoopPublish))
             .service_fn(handle_decision),
     );
+    // Closed, its window ring counting every success.
+    let breaker = allocations_per_delivery(
+        rt,
+        ServiceBuilder::new()
+            .layer(CircuitBreakerLayer::new(
+                PauseHandle::new(),
+                BreakerPolicy::default(),
+            ))
+            .service_fn(handle_decision),
+    );
     let full = allocations_per_delivery(rt, whole_stack!(handle));
     let full_yielding = allocations_per_delivery(rt, whole_stack!(handle_yielding));
 
@@ -278,6 +288,7 @@ fn each_layer(rt: &Runtime) {
         ("cancel woken, yields", cancel_woken, 0.0),
         ("retry (success)", retry, 0.0),
         ("dead-letter (success)", dead_letter, 0.0),
+        ("breaker (closed)", breaker, 0.0),
         ("full stack", full, 0.0),
         ("full stack, yields once", full_yielding, 0.0),
     ];

@@ -3,26 +3,32 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::handle::{HeldGuard, State as Gate};
+use super::circuit::ProbeMark;
+use super::handle::{release_probe, Admit, HeldGuard, Shared};
 use super::{Decision, Delivery};
 use crate::sync::OwnedNotified;
 
 pin_project! {
     /// Response future of [`Pause`](super::Pause): calls the inner service
-    /// at once on an open gate, waits in the gate while it is paused, and
-    /// hands the delivery back on a closed one.
+    /// at once on an open gate, waits in the gate while it is paused (or
+    /// its circuit is open, or half-open with the probe out), and hands the
+    /// delivery back on a closed one.
     ///
     /// # Cancellation safety
     ///
     /// Dropping a held future drops its delivery without calling the inner
     /// service and uncounts it from [`held`](super::PauseHandle::held);
-    /// dropping it after the call drops the inner future.
+    /// dropping it after the call drops the inner future. A half-open
+    /// circuit's probe that ends without its first attempt deciding
+    /// (dropped, or never reaching the breaker) lets another request be the
+    /// probe.
     #[must_use = "futures do nothing unless you `.await` or poll them"]
     pub struct ResponseFuture<S, F> {
         #[pin]
@@ -39,6 +45,13 @@ pin_project! {
         Calling {
             #[pin]
             fut: F,
+        },
+        // The half-open circuit's probe: its ticket frees the probe when
+        // the breaker did not decide on it.
+        Probing {
+            #[pin]
+            fut: F,
+            ticket: Box<ProbeTicket>,
         },
         // Boxed: only a paused gate holds, and the open gate's future
         // stays the size of the inner one (every layer outside moves it).
@@ -65,6 +78,16 @@ impl<S, F> ResponseFuture<S, F> {
     pub(crate) fn calling(fut: F) -> Self {
         ResponseFuture {
             state: State::Calling { fut },
+            released_at: None,
+        }
+    }
+
+    pub(crate) fn probing(fut: F, ticket: ProbeTicket) -> Self {
+        ResponseFuture {
+            state: State::Probing {
+                fut,
+                ticket: Box::new(ticket),
+            },
             released_at: None,
         }
     }
@@ -114,7 +137,7 @@ where
         let mut state = this.state;
         loop {
             match state.as_mut().project() {
-                StateProj::Calling { fut } => {
+                StateProj::Calling { fut } | StateProj::Probing { fut, .. } => {
                     let output = std::task::ready!(fut.poll(cx));
                     state.set(State::Done);
                     return Poll::Ready(output);
@@ -134,30 +157,33 @@ where
                         state.set(State::Done);
                         return Poll::Ready(Ok(Decision::HandBack));
                     }
-                    match guard.shared().state() {
-                        Gate::Paused => {
-                            if notified.as_mut().poll(cx).is_pending() {
-                                return Poll::Pending;
-                            }
-                            // Woken: wait again on a fresh registration and
-                            // read the state once more.
-                            let again = guard.shared().notify.clone().notified_owned();
-                            notified.set(again);
-                            continue;
+                    let admit = guard.shared().admit();
+                    if admit == Admit::Hold {
+                        if notified.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
                         }
-                        Gate::Closed => {
-                            *this.released_at = Some(Instant::now());
-                            state.set(State::Done);
-                            return Poll::Ready(Ok(Decision::HandBack));
-                        }
-                        Gate::Open => {
-                            let (svc, req) = (held.svc.take(), held.req.take());
-                            let (Some(mut svc), Some(req)) = (svc, req) else {
-                                unreachable!("a held delivery is called once")
-                            };
-                            *this.released_at = Some(Instant::now());
-                            state.set(State::Calling { fut: svc.call(req) });
-                        }
+                        // Woken: wait again on a fresh registration and
+                        // read the state once more.
+                        let again = guard.shared().notify.clone().notified_owned();
+                        notified.set(again);
+                        continue;
+                    }
+                    *this.released_at = Some(Instant::now());
+                    if admit == Admit::HandBack {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok(Decision::HandBack));
+                    }
+                    let (svc, req) = (held.svc.take(), held.req.take());
+                    let (Some(mut svc), Some(mut req)) = (svc, req) else {
+                        unreachable!("a held delivery is called once")
+                    };
+                    if let Admit::Probe(epoch) = admit {
+                        let ticket = Box::new(ProbeTicket::new(guard.shared_arc(), epoch));
+                        req.extensions_mut().insert(ProbeMark(epoch));
+                        let fut = svc.call(req);
+                        state.set(State::Probing { fut, ticket });
+                    } else {
+                        state.set(State::Calling { fut: svc.call(req) });
                     }
                 }
                 StateProj::Done => panic!("pause::ResponseFuture polled after completion"),
@@ -170,6 +196,7 @@ impl<S, F> fmt::Debug for ResponseFuture<S, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Calling { .. } => "calling",
+            State::Probing { .. } => "probing",
             State::Held { .. } => "held",
             State::HandBack => "handing back",
             State::Done => "done",
@@ -177,5 +204,29 @@ impl<S, F> fmt::Debug for ResponseFuture<S, F> {
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+/// The half-open circuit's probe of one epoch: when it ends without the
+/// breaker deciding on it (the epoch unchanged), the probe is free again.
+pub(crate) struct ProbeTicket {
+    shared: Arc<Shared>,
+    epoch: u64,
+}
+
+impl ProbeTicket {
+    pub(crate) fn new(shared: Arc<Shared>, epoch: u64) -> Self {
+        ProbeTicket { shared, epoch }
+    }
+}
+
+impl Drop for ProbeTicket {
+    fn drop(&mut self) {
+        if release_probe(&self.shared, self.epoch) {
+            tracing::debug!(
+                queue = self.shared.queue().map_or("", |q| &**q),
+                "the circuit's probe ended without a decision from the breaker; the next delivery is the probe"
+            );
+        }
     }
 }

@@ -18,6 +18,26 @@
 //! down: pause and close are separate states, and `close()` wins over
 //! `pause()` and `resume()`.
 //!
+//! # Two sources of a pause
+//!
+//! The gate is held by the **operator** ([`pause`](PauseHandle::pause),
+//! [`resume`](PauseHandle::resume)) and by a **circuit breaker**
+//! ([`CircuitBreakerLayer`](crate::CircuitBreakerLayer), further down the
+//! same stack), each with its own flag in the gate's one atomic word:
+//!
+//! - an open circuit holds every request, like a pause;
+//! - a **half-open** circuit admits exactly one request, the probe, and
+//!   holds the others until the breaker decides;
+//! - the operator's pause holds whatever the circuit is; the operator's
+//!   resume on an open or half-open circuit also closes it (an override,
+//!   until the breaker trips again).
+//!
+//! [`circuit`](PauseHandle::circuit) says where the circuit is
+//! ([`Circuit`]); [`is_paused`](PauseHandle::is_paused) is true while the
+//! operator or an open circuit holds the gate,
+//! [`is_paused_by_operator`](PauseHandle::is_paused_by_operator) only for
+//! the former. A gate without a breaker is always [`Circuit::Closed`].
+
 //! # Semantics
 //!
 //! - `poll_ready` is the inner service's: the gate adds no backpressure of
@@ -28,8 +48,11 @@
 //!   `tower::buffer` does), so on resume it is called without waiting again.
 //!   Whatever readiness reserves (a concurrency permit, say) stays reserved
 //!   while the request is held.
-//! - The waiters are woken with [`tokio::sync::Notify`]: `resume()` and
-//!   `close()` wake every one, none is lost, none polls.
+//! - The waiters are woken with [`tokio::sync::Notify`]: `resume()`,
+//!   `close()` and every change of the circuit wake every one, none is
+//!   lost, none polls (at a half-open circuit one of them takes the probe,
+//!   the others wait again).
+//! - An open gate costs one atomic load per request.
 //!
 //! # Order
 //!
@@ -69,11 +92,14 @@
 //! # }
 //! ```
 
+mod circuit;
 pub mod future;
 mod handle;
 mod layer;
 mod service;
 
+pub use circuit::Circuit;
+pub(crate) use circuit::{record_transition, ProbeMark};
 pub use handle::PauseHandle;
 pub use layer::PauseLayer;
 pub use service::Pause;

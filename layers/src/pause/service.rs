@@ -4,8 +4,10 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
+use super::circuit::ProbeMark;
+use super::future::ProbeTicket;
 use super::future::ResponseFuture;
-use super::handle::{HeldGuard, State};
+use super::handle::{Admit, HeldGuard};
 use super::{Decision, Delivery, PauseHandle, PauseLayer};
 
 /// A pause gate in front of `S`; see the [module docs](super).
@@ -59,12 +61,17 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Delivery) -> Self::Future {
+    fn call(&mut self, mut req: Delivery) -> Self::Future {
         let shared = &self.handle.shared;
-        match shared.state() {
-            State::Open => ResponseFuture::calling(self.inner.call(req)),
-            State::Closed => ResponseFuture::handed_back(),
-            State::Paused => {
+        match shared.admit() {
+            Admit::Call => ResponseFuture::calling(self.inner.call(req)),
+            Admit::HandBack => ResponseFuture::handed_back(),
+            Admit::Probe(epoch) => {
+                let ticket = ProbeTicket::new(shared.clone(), epoch);
+                req.extensions_mut().insert(ProbeMark(epoch));
+                ResponseFuture::probing(self.inner.call(req), ticket)
+            }
+            Admit::Hold => {
                 // Take the service that was made ready; leave a clone (not
                 // yet ready) for the next `poll_ready`.
                 let clone = self.inner.clone();

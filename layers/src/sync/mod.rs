@@ -20,9 +20,7 @@
 #[cfg(not(acemq_loom))]
 mod imp {
     pub(crate) mod atomic {
-        pub(crate) use std::sync::atomic::{
-            AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-        };
+        pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     }
 
     pub(crate) use futures::task::AtomicWaker;
@@ -62,7 +60,7 @@ mod imp {
 #[cfg(acemq_loom)]
 mod imp {
     pub(crate) mod atomic {
-        pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+        pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
         pub(crate) use std::sync::atomic::Ordering;
     }
 
