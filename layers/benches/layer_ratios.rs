@@ -265,7 +265,7 @@ fn run_group(
     }
 }
 
-const LABELS: [(&str, &str); 11] = [
+const LABELS: [(&str, &str); 12] = [
     ("bare", "bare service_fn"),
     ("yardstick", "yardstick: tower ConcurrencyLimit"),
     ("in_flight", "in-flight"),
@@ -276,7 +276,8 @@ const LABELS: [(&str, &str); 11] = [
     ("cancel_self_waking", "cancel (waking itself)"),
     ("retry", "retry (success)"),
     ("dead_letter", "dead-letter (success)"),
-    ("full_stack", "full stack (all five)"),
+    ("breaker_closed", "circuit breaker (closed)"),
+    ("full_stack", "full stack (as App builds it)"),
 ];
 
 fn label(case: &str) -> &str {

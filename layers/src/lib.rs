@@ -46,7 +46,7 @@
 //! 8. [`CancelLayer`] — innermost, so each attempt is watched on its own,
 //!    a panic is caught where it happens, and abandonment drops exactly the
 //!    handler's future.
-//! 8. Your handler, with any of your own tower layers around it. It returns
+//! 9. Your handler, with any of your own tower layers around it. It returns
 //!    `Ok(())` (acknowledge) or `Ok(`[`Verdict`]`)` (requeue, dead-letter
 //!    now); an error is retried, or dead-lettered at once when it carries a
 //!    [`Reject`] anywhere (see [`DefaultClassifier`]).

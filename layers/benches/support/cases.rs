@@ -185,6 +185,16 @@ macro_rules! each_case {
                 .layer(DeadLetterLayer::new(NoopPublish))
                 .service_fn($handler),
         );
+        // Closed: every success counted in its window's ring.
+        v.case(
+            "breaker_closed",
+            ServiceBuilder::new()
+                .layer(acemq_layers::CircuitBreakerLayer::new(
+                    PauseHandle::new(),
+                    acemq_layers::BreakerPolicy::default(),
+                ))
+                .service_fn($handler),
+        );
         v.case(
             "full_stack",
             ServiceBuilder::new()
