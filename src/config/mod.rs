@@ -43,6 +43,7 @@
 
 pub(crate) mod address;
 mod broker_args;
+mod breaker;
 pub mod duration;
 mod error;
 mod load;
@@ -56,6 +57,7 @@ mod validate;
 mod validate_limits;
 mod validate_routing;
 
+pub use breaker::CircuitBreakerConfig;
 pub use error::{ConfigError, Format};
 pub use ordering::OrderedBy;
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};

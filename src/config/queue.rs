@@ -129,6 +129,10 @@ pub struct QueueConfig {
     /// is counted against.
     #[serde(default = "QueueConfig::default_consumer_timeout_strikes")]
     pub consumer_timeout_strikes: u32,
+    /// The queue's circuit breaker (default none): see
+    /// [`CircuitBreakerConfig`](super::CircuitBreakerConfig).
+    #[serde(default)]
+    pub circuit_breaker: Option<super::CircuitBreakerConfig>,
 }
 
 impl QueueConfig {
@@ -155,6 +159,7 @@ impl QueueConfig {
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
             ordered_by: None,
             consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
+            circuit_breaker: None,
         }
     }
 

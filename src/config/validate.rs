@@ -190,6 +190,9 @@ impl QueueConfig {
         if let Some(retries) = &self.retries {
             retries.validate_at(i)?;
         }
+        if let Some(breaker) = &self.circuit_breaker {
+            breaker.validate_at(i)?;
+        }
         let mut derived: Vec<String> = self.rungs().into_iter().map(|(n, _)| n).collect();
         if self.dead_letter {
             derived.push(self.dlq_name());
