@@ -11,6 +11,7 @@
 //! | 3 | claim: in-flight count and concurrency | the delivery enters the handler's side: from here it is in flight and holds one of the queue's `concurrency` permits |
 //! | 4 | dead-letter | turns "cannot be handled" into a confirmed copy in `Q.dlq` with the reason |
 //! | 5 | retry | waits here or on a rung, and calls the layers below again |
+//! | 5½ | circuit breaker (config `circuit_breaker`, [`QueueStack::circuit_breaker`]) | counts each attempt; when too many fail, holds the queue at its pause gate (1) for a cool-down, then probes with one delivery |
 //! | 6 | cancellation | the drain's token, a caught panic, abandonment |
 //! | 7 | **your inner layers** ([`QueueStack::inner`]) | see each attempt: a timeout per attempt, metrics per attempt, your axum-style middleware |
 //! | 8 | your handler | |
@@ -118,9 +119,9 @@ use std::fmt;
 use std::time::Duration;
 
 use acemq_layers::{
-    BoxError, CancelLayer, Cancellation, ClaimLayer, Classify, DeadLetterLayer, Decision,
-    DefaultClassifier, Delivery, InFlightCounter, PauseHandle, PauseLayer, Publish, RetryLayer,
-    RetryPolicy,
+    BoxError, BreakerPolicy, CancelLayer, Cancellation, CircuitBreakerLayer, ClaimLayer, Classify,
+    DeadLetterLayer, Decision, DefaultClassifier, Delivery, InFlightCounter, PauseHandle,
+    PauseLayer, Publish, RetryLayer, RetryPolicy,
 };
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
@@ -169,6 +170,7 @@ pub struct QueueStack<O = Identity, I = Identity, C = DefaultClassifier> {
     inner: I,
     classifier: C,
     pub(crate) policy: Option<RetryPolicy>,
+    breaker: Option<BreakerPolicy>,
 }
 
 impl QueueStack {
@@ -180,6 +182,7 @@ impl QueueStack {
             inner: Identity::new(),
             classifier: DefaultClassifier,
             policy: None,
+            breaker: None,
         }
     }
 }
@@ -200,6 +203,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             inner: self.inner,
             classifier: self.classifier,
             policy: self.policy,
+            breaker: self.breaker,
         }
     }
 
@@ -211,6 +215,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             inner: Stack::new(layer, self.inner),
             classifier: self.classifier,
             policy: self.policy,
+            breaker: self.breaker,
         }
     }
 
@@ -222,6 +227,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             inner: self.inner,
             classifier,
             policy: self.policy,
+            breaker: self.breaker,
         }
     }
 
@@ -231,12 +237,22 @@ impl<O, I, C> QueueStack<O, I, C> {
         self.policy = Some(policy);
         self
     }
+
+    /// A circuit breaker on this queue, instead of the config's
+    /// `circuit_breaker`: it counts each attempt (inside the retry layer)
+    /// and holds the queue's pause gate while open; see
+    /// [`acemq_layers::breaker`].
+    pub fn circuit_breaker(mut self, policy: BreakerPolicy) -> Self {
+        self.breaker = Some(policy);
+        self
+    }
 }
 
 impl<O, I, C> fmt::Debug for QueueStack<O, I, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueueStack")
             .field("policy", &self.policy)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -266,11 +282,14 @@ pub(crate) type Sealer = fn(Result<Decision, BoxError>) -> Result<Outcome, BoxEr
 /// And back, for the gate and the loop.
 type Unsealer<E> = fn(Result<Outcome, E>) -> Result<Decision, BoxError>;
 
+/// The circuit breaker around each attempt, when the queue has one.
+pub(crate) type Breaker<S, C> = tower::util::Either<acemq_layers::CircuitBreaker<S, C>, S>;
+
 /// The handler's service as the acemq layers see it, from the claim down.
 pub(crate) type Attempts<H, I, P, C> = acemq_layers::Claim<
     acemq_layers::DeadLetter<
         acemq_layers::RedeliveryLimit<
-            acemq_layers::Retry<acemq_layers::Cancel<<I as Layer<H>>::Service>, P, C>,
+            acemq_layers::Retry<Breaker<acemq_layers::Cancel<<I as Layer<H>>::Service>, C>, P, C>,
         >,
         P,
         C,
@@ -310,6 +329,13 @@ where
 {
     let q = parts.queue;
     let policy = stack.policy.clone().unwrap_or_else(|| q.policy());
+    let breaker = stack
+        .breaker
+        .clone()
+        .or_else(|| q.circuit_breaker.as_ref().map(|c| c.policy()))
+        .map(|p| {
+            CircuitBreakerLayer::new(parts.gate.clone(), p).classifier(stack.classifier.clone())
+        });
     let sealed: Sealer = seal;
     let unsealed: Unsealer<<O::Service as Service<Delivery>>::Error> = unseal;
     let claim = ClaimLayer::new(parts.in_flight);
@@ -329,6 +355,7 @@ where
             RetryLayer::new(policy, parts.publisher, parts.draining)
                 .classifier(stack.classifier.clone()),
         )
+        .option_layer(breaker)
         .layer({
             let layer =
                 CancelLayer::from_cancellation(parts.cancel).abandon_after(parts.abandon_after);

@@ -127,6 +127,11 @@ pub struct QueueSnapshot {
     pub consuming: bool,
     /// Paused by an operator (held deliveries wait at the gate).
     pub paused: bool,
+    /// The queue's circuit breaker: `closed` (also without a breaker),
+    /// `open` (the gate holds every delivery for a cool-down) or
+    /// `half_open` (one delivery goes through as a probe); see
+    /// [`acemq_layers::breaker`].
+    pub circuit: &'static str,
     /// Outcomes dropped because their channel was gone (orphans).
     pub orphaned: usize,
     /// Settle frames sent so far (`basic.ack`, with `multiple` or not,
@@ -270,15 +275,23 @@ impl Health {
         Ok(())
     }
 
-    /// Resumes `queue`: held deliveries go on, in order.
+    /// Resumes `queue`: held deliveries go on, in order. On an open or
+    /// half-open circuit this also overrides the breaker: the circuit
+    /// closes until it trips again.
     pub fn resume(&self, queue: &str) -> Result<(), UnknownQueue> {
         self.gate(queue)?.resume();
         Ok(())
     }
 
-    /// Whether `queue` is paused.
+    /// Whether `queue` is paused by an operator (an open circuit is not
+    /// this: see [`circuit`](Self::circuit)).
     pub fn is_paused(&self, queue: &str) -> Result<bool, UnknownQueue> {
-        Ok(self.gate(queue)?.is_paused())
+        Ok(self.gate(queue)?.is_paused_by_operator())
+    }
+
+    /// The state of `queue`'s circuit breaker (closed without one).
+    pub fn circuit(&self, queue: &str) -> Result<acemq_layers::Circuit, UnknownQueue> {
+        Ok(self.gate(queue)?.circuit())
     }
 
     /// The names of the queues consumed here, in config order.
@@ -311,7 +324,8 @@ impl Health {
                 retried: q.stats.retried.load(Ordering::Relaxed),
                 dead_lettered: q.stats.dead_lettered.load(Ordering::Relaxed),
                 consuming: !q.stats.down.load(Ordering::Acquire) && !self.is_draining(),
-                paused: q.gate.is_paused(),
+                paused: q.gate.is_paused_by_operator(),
+                circuit: q.gate.circuit().as_str(),
                 orphaned: q.stats.orphaned.load(Ordering::Relaxed),
                 settle_frames: q.stats.settle_frames.load(Ordering::Relaxed),
                 inbox_duplicates: acemq_layers::inbox::duplicates(&q.name),

@@ -67,7 +67,7 @@
 //! | `GET /queues` | every queue's [`QueueSnapshot`], as a JSON array in config order |
 //! | `GET /queues/{name}` | that queue's snapshot |
 //! | `POST /queues/{name}/pause` | pauses it; the body is its new snapshot (`"paused": true`); `409` once the drain has begun |
-//! | `POST /queues/{name}/resume` | resumes it; the body is its new snapshot |
+//! | `POST /queues/{name}/resume` | resumes it (and closes an open or half-open circuit: an override until the breaker trips again); the body is its new snapshot |
 //! | `GET /metrics` | only with [`router_with_metrics`]: what your render closure returns |
 //!
 //! Once the drain has begun, pause and resume are a `409` saying so (with
@@ -356,6 +356,45 @@ mod tests {
         let (status, body) = call(&app, "GET", "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(parse(&body)["draining"], json!(true));
+    }
+
+    #[tokio::test]
+    async fn queues_show_the_circuit_and_an_operators_resume_closes_it() {
+        use acemq_layers::{BoxError, BreakerPolicy, CircuitBreaker, Decision, Delivery};
+        let (health, gates) = health_with(&["a", "b"]);
+        let app = router(health.clone());
+        let (_, body) = call(&app, "GET", "/queues").await;
+        assert_eq!(parse(&body)[1]["circuit"], json!("closed"));
+
+        // One failed attempt trips a breaker that needs one call.
+        let mut policy = BreakerPolicy::default();
+        policy.minimum_calls = 1;
+        let failing = tower::service_fn(|_d: Delivery| async {
+            Err::<Decision, BoxError>("database unavailable".into())
+        });
+        let breaker = CircuitBreaker::new(failing, gates[1].clone(), policy);
+        let attempt = breaker
+            .oneshot(Delivery::builder().queue("b").build())
+            .await;
+        assert!(attempt.is_err());
+
+        let (_, body) = call(&app, "GET", "/queues").await;
+        let all = parse(&body);
+        assert_eq!(all[0]["circuit"], json!("closed"));
+        assert_eq!(all[1]["circuit"], json!("open"));
+        assert_eq!(
+            all[1]["paused"],
+            json!(false),
+            "open is not an operator's pause"
+        );
+
+        let (status, body) = call(&app, "POST", "/queues/b/resume").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            parse(&body)["circuit"],
+            json!("closed"),
+            "the operator overrides"
+        );
     }
 
     #[tokio::test]
