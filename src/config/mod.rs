@@ -42,8 +42,8 @@
 //! ```
 
 pub(crate) mod address;
-mod broker_args;
 mod breaker;
+mod broker_args;
 pub mod duration;
 mod error;
 mod load;

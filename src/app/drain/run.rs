@@ -194,13 +194,14 @@ impl Drain {
         // Only now may anything be handed back or moved: a delivery requeued
         // while its consumer was still registered would be sent straight
         // back to it. In-process retry waits move to their rungs; a paused
-        // gate hands back what it holds; an open one stays open so that
-        // `handle_buffered` can handle what the stream still yields. Every
-        // gate closes at the deadline.
+        // gate hands back what it holds (an operator's pause, or a circuit
+        // open or half-open: what waits for the breaker's probe is held too);
+        // an open one stays open so that `handle_buffered` can handle what
+        // the stream still yields. Every gate closes at the deadline.
         self.draining.cancel();
         for q in queues {
             q.stats.consumer_cancelled.cancel();
-            if q.gate.is_paused() {
+            if q.gate.is_paused() || q.gate.circuit() != acemq_layers::Circuit::Closed {
                 q.gate.close();
             }
         }
