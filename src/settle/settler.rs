@@ -554,7 +554,10 @@ impl<'s, 't> Task<'s, 't> {
             // settle. Idle with room: more is on its way, the delay bounds
             // the hold (flushing at every lull would ack per burst).
             let stalled = self.book.idle() && self.book.ledger.window_full();
-            let force = force || stalled || self.closing;
+            // The clock as well as the timer (see the consumer loop's
+            // flush): a busy runtime fires timers late.
+            let late = self.timer_armed && tokio::time::Instant::now() >= self.timer.deadline();
+            let force = force || stalled || self.closing || late;
             if !force && !self.timer_armed {
                 self.timer
                     .as_mut()
