@@ -17,11 +17,11 @@ use tower::Service;
 use tracing::{debug, warn};
 
 use super::handler::{start_handler, Finished, Released};
-use super::stats::{record, Outcomes, QueueStats};
+use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
 use super::struck::Struck;
 use crate::config::PrefetchPolicy;
-use crate::settle::ledger::{Bounds, Ledger, Op, Outcome};
+use crate::settle::ledger::{Bounds, Frame, Ledger, Settlement};
 
 /// Why a generation stopped consuming (told to its queue's runner the
 /// moment it is known; the loop then finishes its handlers on its own).
@@ -50,7 +50,7 @@ pub(super) struct Generation<'a, S> {
     pub(super) policy: PrefetchPolicy,
     pub(super) dead_letter: bool,
     pub(super) stats: &'a QueueStats,
-    pub(super) outcomes: Outcomes,
+    pub(super) outcomes: OutcomeCounters,
     pub(super) lifeline: Lifeline,
     pub(super) cancel: CancellationToken,
     /// Fetched and not started, with when each was received.
@@ -60,7 +60,7 @@ pub(super) struct Generation<'a, S> {
     /// Cancelled when the drain stops intake.
     pub(super) intake: &'a CancellationToken,
     pub(super) ledger: Ledger,
-    pub(super) ops: Vec<Op>,
+    pub(super) ops: Vec<Frame>,
     /// The stream is still read.
     pub(super) reading: bool,
     /// The drain stopped intake.
@@ -211,8 +211,8 @@ where
                 warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
             }
         }
-        let outcome = Outcome::of(&decision);
-        if let (Some(key), Outcome::Ack | Outcome::Reject) = (key, outcome) {
+        let outcome = Settlement::of(&decision);
+        if let (Some(key), Settlement::Ack | Settlement::Reject) = (key, outcome) {
             // Settled: a message struck before starts afresh if it is ever
             // published again.
             self.stats.strikes.forget(key);
@@ -230,7 +230,7 @@ where
         }
         self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
         self.outcomes.handed_back.increment(1);
-        self.ledger.record(tag, Outcome::Requeue, &mut self.ops);
+        self.ledger.record(tag, Settlement::Requeue, &mut self.ops);
     }
 
     /// Under `hand_back`, once the cancel is answered: what is buffered
@@ -240,7 +240,7 @@ where
             self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
             self.outcomes.handed_back.increment(1);
             self.ledger
-                .record(raw.delivery_tag, Outcome::Requeue, &mut self.ops);
+                .record(raw.delivery_tag, Settlement::Requeue, &mut self.ops);
         }
     }
 

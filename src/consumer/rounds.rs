@@ -20,7 +20,7 @@ use tower::Service;
 use super::generation::Generation;
 use super::handler::{Finished, Released};
 use crate::config::PrefetchPolicy;
-use crate::settle::ledger::Op;
+use crate::settle::ledger::Frame;
 
 /// How many rounds one poll of the loop may make before it yields to the
 /// runtime (so a busy stream cannot starve other tasks).
@@ -77,7 +77,7 @@ where
         &mut self,
         cx: &mut Context<'_>,
         mut start: impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
-        send: impl Fn(&'a Channel, Op, &'a str) -> T,
+        send: impl Fn(&'a Channel, Frame, &'a str) -> T,
     ) -> Poll<()> {
         let mut budget = POLL_BUDGET;
         loop {
@@ -284,7 +284,7 @@ where
 
     /// What the ledger put out goes to the wire, as settles pushed in the
     /// ledger's order (see `wire::send` for why frames keep that order).
-    fn send_settles(&mut self, send: &impl Fn(&'a Channel, Op, &'a str) -> T) -> bool {
+    fn send_settles(&mut self, send: &impl Fn(&'a Channel, Frame, &'a str) -> T) -> bool {
         let st = &mut self.st;
         if st.ops.is_empty() {
             return false;

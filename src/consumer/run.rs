@@ -19,7 +19,7 @@ use tracing::debug;
 use super::generation::{End, Generation};
 use super::handler::Released;
 use super::rounds::Rounds;
-use super::stats::{LoopGauge, Outcomes, QueueStats};
+use super::stats::{LoopGauge, OutcomeCounters, QueueStats};
 use super::strikes::Started;
 use super::struck::Struck;
 use crate::config::PrefetchPolicy;
@@ -86,7 +86,7 @@ where
             policy,
             dead_letter,
             stats: &stats,
-            outcomes: Outcomes::new(&queue),
+            outcomes: OutcomeCounters::new(&queue),
             lifeline,
             cancel,
             buffer: VecDeque::new(),

@@ -61,7 +61,7 @@ pub(crate) struct QueueStats {
 }
 
 /// Pre-registered counter handles, so the hot path builds no metric keys.
-pub(super) struct Outcomes {
+pub(super) struct OutcomeCounters {
     pub(super) ack: Counter,
     pub(super) retry: Counter,
     pub(super) dead_lettered: Counter,
@@ -73,10 +73,10 @@ pub(super) struct Outcomes {
     pub(super) frames: Counter,
 }
 
-impl Outcomes {
+impl OutcomeCounters {
     pub(super) fn new(queue: &str) -> Self {
         let c = |outcome: &'static str| metrics::counter!("acemq.deliveries", "queue" => queue.to_owned(), "outcome" => outcome);
-        Outcomes {
+        OutcomeCounters {
             ack: c("ack"),
             retry: c("retry"),
             dead_lettered: c("dead-lettered"),
@@ -101,7 +101,7 @@ impl Drop for LoopGauge<'_> {
 
 /// Updates the counters and metrics for a finished handler.
 pub(super) fn record(
-    outcomes: &Outcomes,
+    outcomes: &OutcomeCounters,
     stats: &QueueStats,
     intake: &CancellationToken,
     decision: &Decision,

@@ -1,7 +1,7 @@
 //! The settler task's bookkeeping ([`Book`]): what was received and
 //! decided, and what to send; no I/O (unit-tested).
 
-use super::ledger::{Bounds, Ledger, Op, Outcome};
+use super::ledger::{Bounds, Frame, Ledger, Settlement};
 
 /// The ledger's side of the task: what was received and decided, and what
 /// to send; no I/O (unit-tested).
@@ -13,7 +13,7 @@ pub(super) struct Book {
     pending: u64,
     /// The channel is gone: nothing more is recorded or sent.
     lost: bool,
-    pub(super) ops: Vec<Op>,
+    pub(super) ops: Vec<Frame>,
 }
 
 impl Book {
@@ -36,7 +36,7 @@ impl Book {
     }
 
     /// Records an outcome; `false` when the channel is gone (not sent).
-    pub(super) fn record(&mut self, tag: u64, outcome: Outcome) -> bool {
+    pub(super) fn record(&mut self, tag: u64, outcome: Settlement) -> bool {
         if self.lost {
             return false;
         }
@@ -77,10 +77,10 @@ impl Book {
 }
 
 /// How many deliveries `op` settles.
-pub(super) fn deliveries(op: Op) -> u64 {
+pub(super) fn deliveries(op: Frame) -> u64 {
     match op {
-        Op::AckUpTo { count, .. } => count as u64,
-        Op::Ack(_) | Op::Requeue(_) | Op::RejectRequeue(_) | Op::Reject(_) => 1,
+        Frame::AckUpTo { count, .. } => count as u64,
+        Frame::Ack(_) | Frame::Requeue(_) | Frame::RejectRequeue(_) | Frame::Reject(_) => 1,
     }
 }
 
@@ -104,28 +104,28 @@ mod tests {
         b.receive(1);
         b.receive(2);
         assert!(!b.idle());
-        assert!(b.record(2, Outcome::Ack));
+        assert!(b.record(2, Settlement::Ack));
         assert!(!b.idle());
-        assert!(b.record(1, Outcome::Never));
+        assert!(b.record(1, Settlement::Never));
         assert!(b.idle());
         b.flush(true);
         // Tag 1 is never settled, so 2 goes alone: no `multiple` over 1.
-        assert_eq!(b.ops, vec![Op::Ack(2)]);
+        assert_eq!(b.ops, vec![Frame::Ack(2)]);
     }
 
     #[test]
     fn a_lost_channel_drops_what_was_held_and_records_nothing_more() {
         let mut b = book(10);
         (1..=4).for_each(|t| b.receive(t));
-        assert!(b.record(2, Outcome::Ack));
-        assert!(b.record(3, Outcome::Requeue));
+        assert!(b.record(2, Settlement::Ack));
+        assert!(b.record(3, Settlement::Requeue));
         b.flush(false);
         assert!(b.ops.is_empty(), "tag 1 is pending: {:?}", b.ops);
         assert_eq!(b.held(), 2);
         assert_eq!(b.lose(), 2);
         assert_eq!(b.lose(), 0, "counted once");
         assert!(b.idle(), "nothing is pending on a lost channel");
-        assert!(!b.record(1, Outcome::Ack));
+        assert!(!b.record(1, Settlement::Ack));
         b.flush(true);
         assert!(b.ops.is_empty());
         assert_eq!(b.held(), 0);
@@ -133,10 +133,10 @@ mod tests {
 
     #[test]
     fn ops_count_the_deliveries_they_settle() {
-        assert_eq!(deliveries(Op::AckUpTo { tag: 9, count: 7 }), 7);
-        assert_eq!(deliveries(Op::Ack(3)), 1);
-        assert_eq!(deliveries(Op::Reject(3)), 1);
-        assert_eq!(deliveries(Op::Requeue(3)), 1);
+        assert_eq!(deliveries(Frame::AckUpTo { tag: 9, count: 7 }), 7);
+        assert_eq!(deliveries(Frame::Ack(3)), 1);
+        assert_eq!(deliveries(Frame::Reject(3)), 1);
+        assert_eq!(deliveries(Frame::Requeue(3)), 1);
     }
 
     #[test]
@@ -144,10 +144,10 @@ mod tests {
         let mut b = book(2);
         (1..=3).for_each(|t| b.receive(t));
         (1..=3).for_each(|t| {
-            b.record(t, Outcome::Ack);
+            b.record(t, Settlement::Ack);
         });
         b.flush(false);
-        assert_eq!(b.ops, vec![Op::AckUpTo { tag: 2, count: 2 }]);
+        assert_eq!(b.ops, vec![Frame::AckUpTo { tag: 2, count: 2 }]);
         assert_eq!(b.held(), 1);
         assert_eq!(b.lose(), 3);
     }

@@ -28,7 +28,7 @@ use acemq_layers::{Decision, RetryDecision, RetryVia};
 
 /// What the ledger asks the loop to send, in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
+pub(crate) enum Frame {
     /// `basic.ack` of one tag.
     Ack(u64),
     /// `basic.ack` with `multiple`: every unacknowledged tag up to `tag`,
@@ -51,7 +51,7 @@ pub(crate) enum Op {
 
 /// One delivery's state in the ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Entry {
+enum TagState {
     /// Received; no outcome yet (handler running, waiting, or buffered).
     Pending,
     /// Decided, not sent yet.
@@ -66,16 +66,16 @@ enum Entry {
     Settled,
 }
 
-impl Entry {
+impl TagState {
     /// The frame that settles this entry's tag alone, when it is decided
     /// and not sent.
-    fn single(self, tag: u64) -> Option<Op> {
+    fn single(self, tag: u64) -> Option<Frame> {
         match self {
-            Entry::Ack => Some(Op::Ack(tag)),
-            Entry::Requeue => Some(Op::Requeue(tag)),
-            Entry::RejectRequeue => Some(Op::RejectRequeue(tag)),
-            Entry::Reject => Some(Op::Reject(tag)),
-            Entry::Pending | Entry::Never | Entry::Settled => None,
+            TagState::Ack => Some(Frame::Ack(tag)),
+            TagState::Requeue => Some(Frame::Requeue(tag)),
+            TagState::RejectRequeue => Some(Frame::RejectRequeue(tag)),
+            TagState::Reject => Some(Frame::Reject(tag)),
+            TagState::Pending | TagState::Never | TagState::Settled => None,
         }
     }
 }
@@ -100,7 +100,7 @@ pub(crate) struct Ledger {
     bounds: Bounds,
     /// The tag of `entries[0]`.
     base: u64,
-    entries: VecDeque<Entry>,
+    entries: VecDeque<TagState>,
     /// Decided outcomes not sent yet.
     held: usize,
     /// Tags received and not sent yet (the broker counts them against the
@@ -155,22 +155,22 @@ impl Ledger {
             return;
         }
         for _ in next..tag {
-            self.entries.push_back(Entry::Settled);
+            self.entries.push_back(TagState::Settled);
         }
-        self.entries.push_back(Entry::Pending);
+        self.entries.push_back(TagState::Pending);
         self.open += 1;
     }
 
     /// Records the outcome of `tag`. With coalescing off, the op to send
     /// now is pushed to `out`.
-    pub(crate) fn record(&mut self, tag: u64, outcome: Outcome, out: &mut Vec<Op>) {
+    pub(crate) fn record(&mut self, tag: u64, outcome: Settlement, out: &mut Vec<Frame>) {
         if !self.coalescing() {
             match outcome {
-                Outcome::Ack => out.push(Op::Ack(tag)),
-                Outcome::Requeue => out.push(Op::Requeue(tag)),
-                Outcome::RejectRequeue => out.push(Op::RejectRequeue(tag)),
-                Outcome::Reject => out.push(Op::Reject(tag)),
-                Outcome::Never => {}
+                Settlement::Ack => out.push(Frame::Ack(tag)),
+                Settlement::Requeue => out.push(Frame::Requeue(tag)),
+                Settlement::RejectRequeue => out.push(Frame::RejectRequeue(tag)),
+                Settlement::Reject => out.push(Frame::Reject(tag)),
+                Settlement::Never => {}
             }
             return;
         }
@@ -179,15 +179,15 @@ impl Ledger {
             return;
         };
         // Already decided, or never received: never settle twice.
-        if let Some(e @ Entry::Pending) = self.entries.get_mut(i) {
+        if let Some(e @ TagState::Pending) = self.entries.get_mut(i) {
             *e = match outcome {
-                Outcome::Ack => Entry::Ack,
-                Outcome::Requeue => Entry::Requeue,
-                Outcome::RejectRequeue => Entry::RejectRequeue,
-                Outcome::Reject => Entry::Reject,
-                Outcome::Never => Entry::Never,
+                Settlement::Ack => TagState::Ack,
+                Settlement::Requeue => TagState::Requeue,
+                Settlement::RejectRequeue => TagState::RejectRequeue,
+                Settlement::Reject => TagState::Reject,
+                Settlement::Never => TagState::Never,
             };
-            if outcome != Outcome::Never {
+            if outcome != Settlement::Never {
                 self.held += 1;
             }
         }
@@ -198,7 +198,7 @@ impl Ledger {
     /// bound passed, the loop is idle, or a cancel, close or drain step is
     /// next) everything decided goes out: the run as one `multiple` ack,
     /// and outcomes stuck above an unsettled tag singly.
-    pub(crate) fn flush(&mut self, force: bool, out: &mut Vec<Op>) {
+    pub(crate) fn flush(&mut self, force: bool, out: &mut Vec<Frame>) {
         if !self.coalescing() || self.held == 0 {
             return;
         }
@@ -209,8 +209,8 @@ impl Ledger {
         while i < self.entries.len() {
             let tag = self.base + i as u64;
             match self.entries[i] {
-                Entry::Settled => {}
-                Entry::Ack => {
+                TagState::Settled => {}
+                TagState::Ack => {
                     run_end = Some(tag);
                     run_len += 1;
                     if run_len >= self.bounds.count {
@@ -218,16 +218,16 @@ impl Ledger {
                         run_len = 0;
                     }
                 }
-                Entry::Requeue | Entry::RejectRequeue | Entry::Reject => {
+                TagState::Requeue | TagState::RejectRequeue | TagState::Reject => {
                     // Its turn: the run before it first, then it alone.
                     self.send_run(run_end.take(), run_len, out);
                     run_len = 0;
                     out.push(self.entries[i].single(tag).expect("a settle"));
-                    self.entries[i] = Entry::Settled;
+                    self.entries[i] = TagState::Settled;
                     self.held -= 1;
                     self.open -= 1;
                 }
-                Entry::Pending | Entry::Never => break,
+                TagState::Pending | TagState::Never => break,
             }
             i += 1;
         }
@@ -240,7 +240,7 @@ impl Ledger {
                     continue;
                 };
                 out.push(op);
-                self.entries[j] = Entry::Settled;
+                self.entries[j] = TagState::Settled;
                 self.held -= 1;
                 self.open -= 1;
             }
@@ -250,23 +250,23 @@ impl Ledger {
 
     /// Sends the run ending at `end` (of `len` acked tags): one `multiple`
     /// ack, or a single ack when it is one tag.
-    fn send_run(&mut self, end: Option<u64>, len: usize, out: &mut Vec<Op>) {
+    fn send_run(&mut self, end: Option<u64>, len: usize, out: &mut Vec<Frame>) {
         let Some(end) = end else { return };
         if len == 0 {
             return;
         }
         out.push(if len == 1 {
-            Op::Ack(end)
+            Frame::Ack(end)
         } else {
-            Op::AckUpTo {
+            Frame::AckUpTo {
                 tag: end,
                 count: len,
             }
         });
         let upto = (end - self.base) as usize;
         for e in self.entries.iter_mut().take(upto + 1) {
-            if *e == Entry::Ack {
-                *e = Entry::Settled;
+            if *e == TagState::Ack {
+                *e = TagState::Settled;
                 self.held -= 1;
                 self.open -= 1;
             }
@@ -275,7 +275,7 @@ impl Ledger {
 
     /// Drops settled tags from the front.
     fn compact(&mut self) {
-        while self.entries.front() == Some(&Entry::Settled) {
+        while self.entries.front() == Some(&TagState::Settled) {
             self.entries.pop_front();
             self.base += 1;
         }
@@ -284,7 +284,7 @@ impl Ledger {
 
 /// A delivery's settle, as the ledger sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Settlement {
     Ack,
     /// Hand back: `basic.nack` with requeue.
     Requeue,
@@ -295,7 +295,7 @@ pub(crate) enum Outcome {
     Never,
 }
 
-impl Outcome {
+impl Settlement {
     /// How a [`Decision`] is carried out: the one mapping the consumer loop
     /// and [`Settler`](crate::settle::Settler) share.
     ///
@@ -308,18 +308,18 @@ impl Outcome {
     ///   `Requeue`;
     /// - hand back (nack with requeue): `HandBack`, an in-process retry no
     ///   retry layer carried out, and anything newer.
-    pub(crate) fn of(decision: &Decision) -> Outcome {
+    pub(crate) fn of(decision: &Decision) -> Settlement {
         match decision {
             Decision::Ack
             | Decision::Retry(RetryDecision {
                 via: RetryVia::Rung(_),
                 ..
-            }) => Outcome::Ack,
-            Decision::DeadLetter(d) if d.published => Outcome::Ack,
-            Decision::DeadLetter(_) => Outcome::Reject,
-            Decision::Abandoned => Outcome::Never,
-            Decision::Requeue => Outcome::RejectRequeue,
-            _ => Outcome::Requeue,
+            }) => Settlement::Ack,
+            Decision::DeadLetter(d) if d.published => Settlement::Ack,
+            Decision::DeadLetter(_) => Settlement::Reject,
+            Decision::Abandoned => Settlement::Never,
+            Decision::Requeue => Settlement::RejectRequeue,
+            _ => Settlement::Requeue,
         }
     }
 }
@@ -348,7 +348,7 @@ mod tests {
             l.receive(t);
         }
         assert!(l.window_full(), "3 received, none settled");
-        l.record(1, Outcome::Ack, &mut out);
+        l.record(1, Settlement::Ack, &mut out);
         l.flush(false, &mut out);
         assert!(out.is_empty(), "1 held: below the count");
         assert!(
@@ -356,14 +356,14 @@ mod tests {
             "a held ack still counts against the window"
         );
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::Ack(1)]);
+        assert_eq!(out, vec![Frame::Ack(1)]);
         assert!(!l.window_full(), "one sent: room for one more");
         l.receive(4);
         assert!(l.window_full());
-        l.record(3, Outcome::Never, &mut out);
-        l.record(2, Outcome::Reject, &mut out);
+        l.record(3, Settlement::Never, &mut out);
+        l.record(2, Settlement::Reject, &mut out);
         l.flush(false, &mut out);
-        assert_eq!(out, vec![Op::Ack(1), Op::Reject(2)]);
+        assert_eq!(out, vec![Frame::Ack(1), Frame::Reject(2)]);
         assert!(
             !l.window_full(),
             "the reject went out; the abandoned tag stays open"
@@ -372,7 +372,7 @@ mod tests {
         assert!(l.window_full());
     }
 
-    fn run(l: &mut Ledger, events: &[(u64, Outcome)]) -> Vec<Op> {
+    fn run(l: &mut Ledger, events: &[(u64, Settlement)]) -> Vec<Frame> {
         let mut out = Vec::new();
         for &(t, o) in events {
             l.record(t, o, &mut out);
@@ -387,13 +387,13 @@ mod tests {
         (1..=8).for_each(|t| l.receive(t));
         let out = run(
             &mut l,
-            &(1..=8).map(|t| (t, Outcome::Ack)).collect::<Vec<_>>(),
+            &(1..=8).map(|t| (t, Settlement::Ack)).collect::<Vec<_>>(),
         );
         assert_eq!(
             out,
             vec![
-                Op::AckUpTo { tag: 4, count: 4 },
-                Op::AckUpTo { tag: 8, count: 4 }
+                Frame::AckUpTo { tag: 4, count: 4 },
+                Frame::AckUpTo { tag: 8, count: 4 }
             ]
         );
         assert_eq!(l.held(), 0);
@@ -406,21 +406,21 @@ mod tests {
         let mut out = run(
             &mut l,
             &[
-                (1, Outcome::Ack),
-                (2, Outcome::Ack),
-                (3, Outcome::Requeue),
-                (4, Outcome::Ack),
-                (5, Outcome::Reject),
+                (1, Settlement::Ack),
+                (2, Settlement::Ack),
+                (3, Settlement::Requeue),
+                (4, Settlement::Ack),
+                (5, Settlement::Reject),
             ],
         );
         l.flush(true, &mut out);
         assert_eq!(
             out,
             vec![
-                Op::AckUpTo { tag: 2, count: 2 },
-                Op::Requeue(3),
-                Op::Ack(4),
-                Op::Reject(5)
+                Frame::AckUpTo { tag: 2, count: 2 },
+                Frame::Requeue(3),
+                Frame::Ack(4),
+                Frame::Reject(5)
             ]
         );
     }
@@ -435,37 +435,40 @@ mod tests {
         let mut out = run(
             &mut l,
             &[
-                (1, Outcome::Ack),
-                (2, Outcome::RejectRequeue),
-                (3, Outcome::Ack),
-                (4, Outcome::Ack),
-                (5, Outcome::Requeue),
-                (6, Outcome::Ack),
+                (1, Settlement::Ack),
+                (2, Settlement::RejectRequeue),
+                (3, Settlement::Ack),
+                (4, Settlement::Ack),
+                (5, Settlement::Requeue),
+                (6, Settlement::Ack),
             ],
         );
         l.flush(true, &mut out);
         assert_eq!(
             out,
             vec![
-                Op::Ack(1),
-                Op::RejectRequeue(2),
-                Op::AckUpTo { tag: 4, count: 2 },
-                Op::Requeue(5),
-                Op::Ack(6)
+                Frame::Ack(1),
+                Frame::RejectRequeue(2),
+                Frame::AckUpTo { tag: 4, count: 2 },
+                Frame::Requeue(5),
+                Frame::Ack(6)
             ]
         );
         // Above a pending tag, at the time bound: singly, as what it is.
         let mut l = ledger(10);
         (1..=3).for_each(|t| l.receive(t));
-        let mut out = run(&mut l, &[(2, Outcome::RejectRequeue), (3, Outcome::Ack)]);
+        let mut out = run(
+            &mut l,
+            &[(2, Settlement::RejectRequeue), (3, Settlement::Ack)],
+        );
         assert!(out.is_empty(), "tag 1 is pending: {out:?}");
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::RejectRequeue(2), Op::Ack(3)]);
+        assert_eq!(out, vec![Frame::RejectRequeue(2), Frame::Ack(3)]);
         // Coalescing off: at once.
         let mut l = ledger(0);
         let mut out = Vec::new();
-        l.record(7, Outcome::RejectRequeue, &mut out);
-        assert_eq!(out, vec![Op::RejectRequeue(7)]);
+        l.record(7, Settlement::RejectRequeue, &mut out);
+        assert_eq!(out, vec![Frame::RejectRequeue(7)]);
     }
 
     #[test]
@@ -474,16 +477,20 @@ mod tests {
         (1..=4).for_each(|t| l.receive(t));
         let mut out = run(
             &mut l,
-            &[(2, Outcome::Ack), (3, Outcome::Ack), (4, Outcome::Ack)],
+            &[
+                (2, Settlement::Ack),
+                (3, Settlement::Ack),
+                (4, Settlement::Ack),
+            ],
         );
         assert!(out.is_empty(), "nothing may cover pending tag 1: {out:?}");
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::Ack(2), Op::Ack(3), Op::Ack(4)]);
+        assert_eq!(out, vec![Frame::Ack(2), Frame::Ack(3), Frame::Ack(4)]);
         // Tag 1 finishes later: it goes alone, and nothing is sent twice.
         let mut out = Vec::new();
-        l.record(1, Outcome::Ack, &mut out);
+        l.record(1, Settlement::Ack, &mut out);
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::Ack(1)]);
+        assert_eq!(out, vec![Frame::Ack(1)]);
         assert_eq!(l.held(), 0);
     }
 
@@ -493,10 +500,14 @@ mod tests {
         (1..=3).for_each(|t| l.receive(t));
         let mut out = run(
             &mut l,
-            &[(1, Outcome::Never), (2, Outcome::Ack), (3, Outcome::Ack)],
+            &[
+                (1, Settlement::Never),
+                (2, Settlement::Ack),
+                (3, Settlement::Ack),
+            ],
         );
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::Ack(2), Op::Ack(3)]);
+        assert_eq!(out, vec![Frame::Ack(2), Frame::Ack(3)]);
     }
 
     #[test]
@@ -504,12 +515,12 @@ mod tests {
         let mut l = ledger(8);
         l.receive(1);
         let mut out = Vec::new();
-        l.record(1, Outcome::Ack, &mut out);
-        l.record(1, Outcome::Reject, &mut out);
+        l.record(1, Settlement::Ack, &mut out);
+        l.record(1, Settlement::Reject, &mut out);
         l.flush(true, &mut out);
-        l.record(1, Outcome::Ack, &mut out);
+        l.record(1, Settlement::Ack, &mut out);
         l.flush(true, &mut out);
-        assert_eq!(out, vec![Op::Ack(1)]);
+        assert_eq!(out, vec![Frame::Ack(1)]);
     }
 
     #[test]
@@ -530,17 +541,23 @@ mod tests {
                 via,
             })
         };
-        assert_eq!(Outcome::of(&Decision::Ack), Outcome::Ack);
+        assert_eq!(Settlement::of(&Decision::Ack), Settlement::Ack);
         assert_eq!(
-            Outcome::of(&retry(RetryVia::Rung("q.retry.1s".into()))),
-            Outcome::Ack
+            Settlement::of(&retry(RetryVia::Rung("q.retry.1s".into()))),
+            Settlement::Ack
         );
-        assert_eq!(Outcome::of(&retry(RetryVia::Process)), Outcome::Requeue);
-        assert_eq!(Outcome::of(&dead(true)), Outcome::Ack);
-        assert_eq!(Outcome::of(&dead(false)), Outcome::Reject);
-        assert_eq!(Outcome::of(&Decision::HandBack), Outcome::Requeue);
-        assert_eq!(Outcome::of(&Decision::Requeue), Outcome::RejectRequeue);
-        assert_eq!(Outcome::of(&Decision::Abandoned), Outcome::Never);
+        assert_eq!(
+            Settlement::of(&retry(RetryVia::Process)),
+            Settlement::Requeue
+        );
+        assert_eq!(Settlement::of(&dead(true)), Settlement::Ack);
+        assert_eq!(Settlement::of(&dead(false)), Settlement::Reject);
+        assert_eq!(Settlement::of(&Decision::HandBack), Settlement::Requeue);
+        assert_eq!(
+            Settlement::of(&Decision::Requeue),
+            Settlement::RejectRequeue
+        );
+        assert_eq!(Settlement::of(&Decision::Abandoned), Settlement::Never);
     }
 
     #[test]
@@ -548,8 +565,8 @@ mod tests {
         let mut l = ledger(0);
         l.receive(1);
         l.receive(2);
-        let out = run(&mut l, &[(2, Outcome::Ack), (1, Outcome::Requeue)]);
-        assert_eq!(out, vec![Op::Ack(2), Op::Requeue(1)]);
+        let out = run(&mut l, &[(2, Settlement::Ack), (1, Settlement::Requeue)]);
+        assert_eq!(out, vec![Frame::Ack(2), Frame::Requeue(1)]);
     }
 
     #[test]
@@ -571,17 +588,17 @@ mod tests {
             // multiple ack may only cover tags decided `ack` (or settled).
             let mut decided = vec![None; n as usize + 1];
             let mut settled = vec![0u32; n as usize + 1];
-            let mut check = |ops: &mut Vec<Op>, decided: &[Option<Outcome>]| {
+            let mut check = |ops: &mut Vec<Frame>, decided: &[Option<Settlement>]| {
                 for op in ops.drain(..) {
                     match op {
-                        Op::AckUpTo { tag: t, count } => {
+                        Frame::AckUpTo { tag: t, count } => {
                             assert!(t > 0, "seed {seed}: multiple with tag 0");
                             let mut covered = 0;
                             for u in 1..=t as usize {
                                 if settled[u] == 0 {
                                     assert_eq!(
                                         decided[u],
-                                        Some(Outcome::Ack),
+                                        Some(Settlement::Ack),
                                         "seed {seed}: multiple ack to {t} covers tag {u}"
                                     );
                                     settled[u] = 1;
@@ -590,13 +607,16 @@ mod tests {
                             }
                             assert_eq!(covered, count, "seed {seed}: the count of the ack to {t}");
                         }
-                        Op::Ack(t) | Op::Requeue(t) | Op::RejectRequeue(t) | Op::Reject(t) => {
+                        Frame::Ack(t)
+                        | Frame::Requeue(t)
+                        | Frame::RejectRequeue(t)
+                        | Frame::Reject(t) => {
                             assert!(t > 0);
                             let want = match op {
-                                Op::Ack(_) => Outcome::Ack,
-                                Op::Requeue(_) => Outcome::Requeue,
-                                Op::RejectRequeue(_) => Outcome::RejectRequeue,
-                                _ => Outcome::Reject,
+                                Frame::Ack(_) => Settlement::Ack,
+                                Frame::Requeue(_) => Settlement::Requeue,
+                                Frame::RejectRequeue(_) => Settlement::RejectRequeue,
+                                _ => Settlement::Reject,
                             };
                             assert_eq!(decided[t as usize], Some(want), "seed {seed}: tag {t}");
                             settled[t as usize] += 1;
@@ -607,10 +627,10 @@ mod tests {
             let mut out = Vec::new();
             for (k, t) in order.iter().enumerate() {
                 let o = match t % 11 {
-                    0 => Outcome::Requeue,
-                    1 => Outcome::Reject,
-                    2 => Outcome::RejectRequeue,
-                    _ => Outcome::Ack,
+                    0 => Settlement::Requeue,
+                    1 => Settlement::Reject,
+                    2 => Settlement::RejectRequeue,
+                    _ => Settlement::Ack,
                 };
                 decided[*t as usize] = Some(o);
                 l.record(*t, o, &mut out);

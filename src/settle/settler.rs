@@ -17,7 +17,7 @@ use tokio::time::{Interval, Sleep};
 use tracing::{debug, warn};
 
 use super::book::{deliveries, Book};
-use super::ledger::{Bounds, Op, Outcome};
+use super::ledger::{Bounds, Frame, Settlement};
 use super::wire::send_op;
 use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::AckBatch;
@@ -191,7 +191,7 @@ impl Shared {
 #[derive(Debug)]
 enum Msg {
     Receive(u64),
-    Record(u64, Outcome),
+    Record(u64, Settlement),
     Close,
 }
 
@@ -334,26 +334,26 @@ impl Ticket {
     /// once: the ticket is consumed. Returns at once; the settle goes out
     /// in ledger order.
     pub fn settle(mut self, decision: Decision) -> SettleStatus {
-        self.finish(Outcome::of(&decision))
+        self.finish(Settlement::of(&decision))
     }
 
-    fn finish(&mut self, outcome: Outcome) -> SettleStatus {
+    fn finish(&mut self, outcome: Settlement) -> SettleStatus {
         let Some((shared, tx)) = self.settler.take() else {
             return SettleStatus::SettlerClosed;
         };
         shared.outstanding.fetch_sub(1, Ordering::Relaxed);
-        if outcome == Outcome::Never {
+        if outcome == Settlement::Never {
             Shared::add(&shared.abandoned, 1);
         }
         if shared.check_lost() {
-            if outcome != Outcome::Never {
+            if outcome != Settlement::Never {
                 Shared::add(&shared.not_sent, 1);
             }
             return SettleStatus::ChannelClosed;
         }
         // `Never` too: the ledger keeps it out of every `multiple` run.
         if tx.send(Msg::Record(self.tag, outcome)).is_err() {
-            if outcome != Outcome::Never {
+            if outcome != Settlement::Never {
                 Shared::add(&shared.not_sent, 1);
             }
             return SettleStatus::SettlerClosed;
@@ -369,7 +369,7 @@ impl Drop for Ticket {
                 delivery_tag = self.tag,
                 "a ticket was dropped unsettled: handing its delivery back"
             );
-            self.finish(Outcome::Requeue);
+            self.finish(Settlement::Requeue);
         }
     }
 }
@@ -384,24 +384,24 @@ impl fmt::Debug for Ticket {
 }
 
 /// Counts a sent op in the report.
-fn count_sent(shared: &Shared, op: Op) {
+fn count_sent(shared: &Shared, op: Frame) {
     match op {
-        Op::Ack(_) => {
+        Frame::Ack(_) => {
             Shared::add(&shared.acked, 1);
             Shared::add(&shared.ack_frames, 1);
         }
-        Op::AckUpTo { count, .. } => {
+        Frame::AckUpTo { count, .. } => {
             Shared::add(&shared.acked, count as u64);
             Shared::add(&shared.ack_frames, 1);
         }
-        Op::Requeue(_) | Op::RejectRequeue(_) => Shared::add(&shared.requeued, 1),
-        Op::Reject(_) => Shared::add(&shared.rejected, 1),
+        Frame::Requeue(_) | Frame::RejectRequeue(_) => Shared::add(&shared.requeued, 1),
+        Frame::Reject(_) => Shared::add(&shared.rejected, 1),
     }
 }
 
 /// Counts a settle the wire is done with: sent, or failed on a closing
 /// channel (which is then lost).
-fn settled(shared: &Shared, op: Op, result: lapin::Result<()>) {
+fn settled(shared: &Shared, op: Frame, result: lapin::Result<()>) {
     match result {
         Ok(()) => count_sent(shared, op),
         Err(e) => {
@@ -524,7 +524,7 @@ impl<'s, 't> Task<'s, 't> {
         match msg {
             Msg::Receive(tag) => self.book.receive(tag),
             Msg::Record(tag, outcome) => {
-                if !self.book.record(tag, outcome) && outcome != Outcome::Never {
+                if !self.book.record(tag, outcome) && outcome != Settlement::Never {
                     Shared::add(&self.shared.not_sent, 1);
                 }
             }

@@ -5,14 +5,14 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::Channel;
 use tracing::debug;
 
-use super::ledger::Op;
+use super::ledger::Frame;
 
 /// Sends one settle. A failure is a closing channel: the broker requeues
 /// what it did not get a settle for. Settles are polled in the order they
 /// were pushed (`FuturesUnordered` runs new futures first-in first-out),
 /// and lapin queues a settle's frame at its first poll: frames go out in
 /// the ledger's order.
-pub(crate) async fn send(channel: &Channel, op: Op, queue: &str) {
+pub(crate) async fn send(channel: &Channel, op: Frame, queue: &str) {
     if let Err(e) = send_op(channel, op).await {
         debug!(queue = %queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
     }
@@ -21,20 +21,20 @@ pub(crate) async fn send(channel: &Channel, op: Op, queue: &str) {
 /// Puts one ledger op on the wire (the loop's and the
 /// [`Settler`](crate::settle::Settler)'s one way to settle). lapin queues
 /// the frame at the future's first poll.
-pub(crate) async fn send_op(channel: &Channel, op: Op) -> lapin::Result<()> {
+pub(crate) async fn send_op(channel: &Channel, op: Frame) -> lapin::Result<()> {
     match op {
-        Op::Ack(tag) => {
+        Frame::Ack(tag) => {
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: false })
                 .await
         }
-        Op::AckUpTo { tag, .. } => {
+        Frame::AckUpTo { tag, .. } => {
             debug_assert!(tag > 0, "never multiple with tag 0");
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: true })
                 .await
         }
-        Op::Requeue(tag) => {
+        Frame::Requeue(tag) => {
             channel
                 .basic_nack(
                     tag,
@@ -45,12 +45,12 @@ pub(crate) async fn send_op(channel: &Channel, op: Op) -> lapin::Result<()> {
                 )
                 .await
         }
-        Op::RejectRequeue(tag) => {
+        Frame::RejectRequeue(tag) => {
             channel
                 .basic_reject(tag, BasicRejectOptions { requeue: true })
                 .await
         }
-        Op::Reject(tag) => {
+        Frame::Reject(tag) => {
             channel
                 .basic_reject(tag, BasicRejectOptions { requeue: false })
                 .await
