@@ -96,7 +96,9 @@ pub fn check_address(addr: &str) -> Result<(), String> {
              which splits at the commas)"
         ));
     }
-    let u = url::Url::parse(addr).map_err(|e| format!("{shown} is not a URL: {e}"))?;
+    let u = url::Url::parse(addr).map_err(|e| {
+        format!("{shown} is not a URL ({e}): write amqp://USER:PASSWORD@HOST:PORT/VHOST")
+    })?;
     if u.scheme() != "amqp" && u.scheme() != "amqps" {
         return Err(format!(
             "{shown} is not a valid amqp:// URL (its scheme is {:?}): write \
