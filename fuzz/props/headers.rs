@@ -534,6 +534,7 @@ pub(crate) fn check_input(mut input: Input) {
     let reset = acemq::replay::reset(headers.clone());
     for (name, value) in headers.iter() {
         let dropped = name == DELIVERY_COUNT_HEADER
+            || name == "x-acquired-count"
             || (name.starts_with("x-acemq-") && !name.starts_with("x-acemq-original-"));
         match reset.get(name) {
             Some(kept) => {
@@ -548,7 +549,12 @@ pub(crate) fn check_input(mut input: Input) {
     // 6. The redelivery bound and the dead-letter copy, as the stack orders
     //    them: dead-letter, redelivery limit, handler.
     let max = input.max_redeliveries.max(1);
-    let count = headers.get(DELIVERY_COUNT_HEADER).and_then(Value::as_i64);
+    // The larger of the two counts RabbitMQ sends (4.3 adds x-acquired-count).
+    let read = |name: &str| headers.get(name).and_then(Value::as_i64);
+    let count = match (read(DELIVERY_COUNT_HEADER), read("x-acquired-count")) {
+        (Some(d), Some(a)) => Some(d.max(a)),
+        (d, a) => d.or(a),
+    };
     let over = count.is_some_and(|n| n > i64::from(max));
     let called = Arc::new(Mutex::new(0u32));
     let acks = matches!(input.handler, Handler::Ack);
@@ -628,9 +634,10 @@ pub(crate) fn check_input(mut input: Input) {
 }
 
 /// A dead-letter copy's headers: the original's, without the broker's
-/// count, with where it came from and why it was dead-lettered.
+/// counts, with where it came from and why it was dead-lettered.
 fn check_copy(original: &Headers, copy: &Headers, delivery: &Delivery, reason: Reason) {
     assert!(copy.get(DELIVERY_COUNT_HEADER).is_none());
+    assert!(copy.get("x-acquired-count").is_none());
     let text = |name: &str| copy.get(name).and_then(Value::as_str);
     assert_eq!(text(REASON_HEADER), Some(reason.as_str()));
     assert_eq!(
@@ -661,6 +668,7 @@ fn check_copy(original: &Headers, copy: &Headers, delivery: &Delivery, reason: R
     // Every other header of the original is carried unchanged.
     for (name, value) in original.iter() {
         if name == DELIVERY_COUNT_HEADER
+            || name == "x-acquired-count"
             || [
                 REASON_HEADER,
                 ERROR_HEADER,
