@@ -121,20 +121,8 @@ impl Publisher {
 
     /// The open connection, waiting up to `wait` for one.
     async fn connection(&self, target: &str) -> Result<Arc<Connection>, PublishError> {
-        let mut rx = self.inner.connection.clone();
-        let wait = async {
-            loop {
-                if let Some(c) = rx.borrow_and_update().clone() {
-                    if c.status().connected() {
-                        return Some(c);
-                    }
-                }
-                if rx.changed().await.is_err() {
-                    return None;
-                }
-            }
-        };
-        match tokio::time::timeout(self.inner.wait, wait).await {
+        let mut cell = self.inner.connection.clone();
+        match tokio::time::timeout(self.inner.wait, crate::amqp::connection::live(&mut cell)).await {
             Ok(Some(c)) => Ok(c),
             _ => Err(PublishError::transport(
                 target,

@@ -173,20 +173,8 @@ impl RpcClient {
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, RpcError> {
-        let mut rx = self.inner.connection.clone();
-        let wait = async {
-            loop {
-                if let Some(c) = rx.borrow_and_update().clone() {
-                    if c.status().connected() {
-                        return Some(c);
-                    }
-                }
-                if rx.changed().await.is_err() {
-                    return None;
-                }
-            }
-        };
-        match tokio::time::timeout(self.inner.wait, wait).await {
+        let mut cell = self.inner.connection.clone();
+        match tokio::time::timeout(self.inner.wait, crate::amqp::connection::live(&mut cell)).await {
             Ok(Some(c)) => Ok(c),
             _ => Err(RpcError::ConnectionLost {
                 message: format!(

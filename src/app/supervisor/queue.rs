@@ -321,19 +321,14 @@ impl Runner<'_> {
 
     /// Waits until the consuming connection is a connected one.
     async fn fresh_connection(&self) -> Next {
-        let mut rx = self.shared.consume.tx.subscribe();
-        loop {
-            let fresh = rx
-                .borrow_and_update()
-                .as_ref()
-                .is_some_and(|c| c.status().connected());
-            if fresh {
-                return Next::Again;
+        let mut cell = self.shared.consume.tx.subscribe();
+        // A live connection first, as a check before the wait would.
+        tokio::select! {
+            biased;
+            c = crate::amqp::connection::live(&mut cell) => {
+                if c.is_some() { Next::Again } else { Next::Stop }
             }
-            tokio::select! {
-                () = self.shared.intake.cancelled() => return Next::Stop,
-                r = rx.changed() => if r.is_err() { return Next::Stop },
-            }
+            () = self.shared.intake.cancelled() => Next::Stop,
         }
     }
 

@@ -49,16 +49,11 @@ impl Conn {
 
     /// Waits until a connection is open.
     pub(super) async fn connected(&self) -> Arc<Connection> {
-        let mut rx = self.tx.subscribe();
-        loop {
-            if let Some(c) = rx.borrow_and_update().clone() {
-                if c.status().connected() {
-                    return c;
-                }
-            }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let mut cell = self.tx.subscribe();
+        match crate::amqp::connection::live(&mut cell).await {
+            Some(c) => c,
+            // The supervisor holds the writer for the process's life.
+            None => std::future::pending().await,
         }
     }
 }
