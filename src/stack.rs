@@ -26,7 +26,7 @@
 //! at a drain is handed back to the broker at once — never waited for,
 //! never reported as an abandoned handler. If your outer layer passes it on
 //! after that, the claim refuses it and your handler does not run. See
-//! [`ClaimLayer`](acemq_layers::ClaimLayer).
+//! [`ClaimLayer`].
 //!
 //! # Outer layers cannot change what was carried out
 //!
