@@ -137,7 +137,8 @@ pub(crate) fn redeliveries(headers: &Headers) -> Option<(i64, &'static str)> {
     }
 }
 
-#[cfg(test)]
+// Not in the model-checking build: these run on tokio and std, outside loom.
+#[cfg(all(test, not(acemq_loom)))]
 mod tests {
     //! The RabbitMQ 4.3 headers are synthetic here: taken from its release
     //! notes and quorum queue guide (`x-acquired-count` counts every return,
