@@ -12,7 +12,7 @@ use tower::service_fn;
 
 use crate::support::{
     connection_listed, eventually, field_table, ladder_config, long_str, plain_config,
-    start_consuming, start_on_ladder, topology_queues, unique, Broker, TestHandler,
+    start_consuming, start_on_ladder, topology_queues, unique, Broker, QueueCleanup, TestHandler,
 };
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -307,6 +307,8 @@ async fn a_quorum_queue_round_trips_and_its_rung_and_dlq_are_quorum_with_at_leas
     let mut config = Config::default();
     config.queues.push(qc);
     let all = topology_queues(&config);
+    // Deleted however the test ends.
+    let _cleanup = QueueCleanup::new(all.clone());
     let rung = format!("{q}.retry.400ms");
     let dlq = format!("{q}.dlq");
     assert_eq!(all, [q.clone(), dlq.clone(), rung.clone()]);
