@@ -14,20 +14,21 @@
 
 use std::fmt;
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties, DefaultConnectionBuilder};
 
+pub use super::connect_error::{map_connect_error, ConnectError};
+use super::tls::tls_config;
+use crate::config::address::with_heartbeat;
 pub use crate::config::address::{
     amqp_addr_from_env, check_address, redact, resolve_addresses, resolve_addresses_with, shuffled,
     DEFAULT_AMQP_ADDR,
 };
-use crate::config::address::{vhost_of, with_heartbeat};
 use crate::config::{Config, TlsConfig};
 
 /// How to connect, beyond the address: the heartbeat to ask for and the
@@ -244,95 +245,6 @@ pub struct Connected {
     pub index: usize,
 }
 
-/// Why the broker could not be reached.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConnectError {
-    /// The address is not an AMQP URL.
-    #[error("AMQP_ADDR is not a valid amqp:// or amqps:// URL ({redacted}): {reason}")]
-    BadAddress {
-        /// The address, password hidden.
-        redacted: String,
-        /// What was wrong.
-        reason: String,
-    },
-    /// The broker refused the user name or password (reply code 403,
-    /// ACCESS_REFUSED, during the handshake).
-    #[error("authentication failed at {redacted}: the broker refused the user name or password; check the credentials in AMQP_ADDR")]
-    Auth {
-        /// The address, password hidden.
-        redacted: String,
-    },
-    /// The broker has no virtual host by the name the address gives, or the
-    /// user may not use it (reply code 530, NOT_ALLOWED).
-    #[error("the broker at {redacted} refused the virtual host {vhost:?}: {message}. Create it and let the user in (rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions -p {vhost} USER '.*' '.*' '.*'), or fix the vhost at the end of AMQP_ADDR (the default vhost / is written %2f)")]
-    Vhost {
-        /// The address, password hidden.
-        redacted: String,
-        /// The virtual host the address names.
-        vhost: String,
-        /// What the broker said.
-        message: String,
-    },
-    /// Something answered at the address, but not an AMQP 0-9-1 broker.
-    #[error("something answered at {redacted}, but it is not RabbitMQ: {what}; point AMQP_ADDR at RabbitMQ's AMQP port (5672, or 5671 for amqps://), not its management port or another service")]
-    NotAmqp {
-        /// The address, password hidden.
-        redacted: String,
-        /// What it did instead of speaking AMQP.
-        what: String,
-    },
-    /// Nothing answered in time.
-    #[error("no broker answered at {redacted} within {timeout:?} (connect_timeout): start RabbitMQ or point AMQP_ADDR at it")]
-    Timeout {
-        /// The address, password hidden.
-        redacted: String,
-        /// The connect timeout.
-        timeout: Duration,
-    },
-    /// A TLS file could not be used.
-    #[error("TLS file {path} ({field}) could not be used: {reason}")]
-    Tls {
-        /// The config field, e.g. `tls.ca_file`.
-        field: &'static str,
-        /// The file.
-        path: String,
-        /// What was wrong.
-        reason: String,
-    },
-    /// Several addresses were tried and none answered; each one's failure
-    /// in the order tried.
-    #[error("no broker answered at any of the {} addresses tried: {}; start RabbitMQ there or fix `addresses` (or AMQP_ADDR)", .tried.len(), .tried.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
-    NoneAnswered {
-        /// Each address's failure, in the order tried.
-        tried: Vec<ConnectError>,
-    },
-    /// Another failure (refused connection, TLS, protocol).
-    #[error("could not connect to {redacted}: {reason}; is RabbitMQ running there? (set AMQP_ADDR to point elsewhere)")]
-    Other {
-        /// The address, password hidden.
-        redacted: String,
-        /// What the client said, password hidden.
-        reason: String,
-    },
-}
-
-impl ConnectError {
-    /// Whether the failure is the configuration's, not the broker's: an
-    /// address that is not a usable AMQP URL, or a TLS file that cannot be
-    /// used — or, with several addresses, every one failing so. A start
-    /// that fails so exits 78 (69 for the rest).
-    pub fn is_config(&self) -> bool {
-        match self {
-            ConnectError::BadAddress { .. } | ConnectError::Tls { .. } => true,
-            ConnectError::NoneAnswered { tried } => {
-                !tried.is_empty() && tried.iter().all(ConnectError::is_config)
-            }
-            _ => false,
-        }
-    }
-}
-
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
 /// by `rabbitmqctl list_connections client_properties`). A comma-separated
 /// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
@@ -400,56 +312,6 @@ pub(crate) async fn connect_any_via(
     }
 }
 
-fn read_tls_file(field: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {
-    std::fs::read(path).map_err(|e| ConnectError::Tls {
-        field,
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })
-}
-
-/// The TLS settings lapin takes, read from the files `tls` names.
-fn tls_config(tls: Option<&TlsConfig>) -> Result<OwnedTLSConfig, ConnectError> {
-    let Some(tls) = tls else {
-        return Ok(OwnedTLSConfig::default());
-    };
-    if !cfg!(feature = "tls") && (tls.ca_file.is_some() || tls.cert_file.is_some()) {
-        return Err(ConnectError::Tls {
-            field: "tls",
-            path: tls
-                .ca_file
-                .as_ref()
-                .or(tls.cert_file.as_ref())
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            reason:
-                "acemq was built without its `tls` feature; enable it to use amqps:// and TLS files"
-                    .to_owned(),
-        });
-    }
-    let cert_chain = match &tls.ca_file {
-        Some(p) => Some(
-            String::from_utf8(read_tls_file("tls.ca_file", p)?).map_err(|_| ConnectError::Tls {
-                field: "tls.ca_file",
-                path: p.display().to_string(),
-                reason: "not a PEM (text) file".to_owned(),
-            })?,
-        ),
-        None => None,
-    };
-    let identity = match (&tls.cert_file, &tls.key_file) {
-        (Some(c), Some(k)) => Some(OwnedIdentity::PKCS8 {
-            pem: read_tls_file("tls.cert_file", c)?,
-            key: read_tls_file("tls.key_file", k)?,
-        }),
-        _ => None,
-    };
-    Ok(OwnedTLSConfig {
-        identity,
-        cert_chain,
-    })
-}
-
 /// Connects to `addr` within `timeout` with `options`, naming the
 /// connection `name`.
 pub async fn connect_with(
@@ -490,66 +352,6 @@ async fn connect_via(
         Err(_) => Err(ConnectError::Timeout { redacted, timeout }),
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(map_connect_error(addr, e)),
-    }
-}
-
-/// Turns lapin's failure to connect into a [`ConnectError`] by what it is —
-/// the AMQP reply code, the error kind — never by its text, with the
-/// password hidden.
-pub fn map_connect_error(addr: &str, e: lapin::Error) -> ConnectError {
-    use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
-    use lapin::ErrorKind;
-
-    let redacted = redact(addr);
-    let hide = |text: String| match url::Url::parse(addr)
-        .ok()
-        .and_then(|u| u.password().map(str::to_owned))
-    {
-        Some(pw) if !pw.is_empty() => text.replace(&pw, "***"),
-        _ => text,
-    };
-    match e.kind() {
-        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
-            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => ConnectError::Auth { redacted },
-            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => ConnectError::Vhost {
-                redacted,
-                vhost: vhost_of(addr),
-                message: hide(amqp.get_message().to_string()),
-            },
-            _ => ConnectError::Other {
-                redacted,
-                reason: hide(e.to_string()),
-            },
-        },
-        ErrorKind::ParsingError(_) => ConnectError::NotAmqp {
-            redacted,
-            what: "it answered the AMQP protocol header with bytes that are not AMQP".to_owned(),
-        },
-        ErrorKind::InvalidProtocolVersion(version) => ConnectError::NotAmqp {
-            redacted,
-            what: format!("it speaks another AMQP version ({version:?}), not 0-9-1"),
-        },
-        ErrorKind::IOError(io)
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::UnexpectedEof
-            ) =>
-        {
-            ConnectError::Other {
-                redacted,
-                reason: format!(
-                    "the server closed the connection during the AMQP handshake ({io}): it is \
-                     probably not RabbitMQ (another service on that port, or a TLS port spoken \
-                     to without amqps://), or RabbitMQ refused the client (see its log)"
-                ),
-            }
-        }
-        _ => ConnectError::Other {
-            redacted,
-            reason: hide(e.to_string()),
-        },
     }
 }
 

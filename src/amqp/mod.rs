@@ -7,6 +7,7 @@
 //! ops) uses it.
 
 pub(crate) mod backoff;
+mod connect_error;
 pub mod connection;
 pub mod convert;
 pub mod delay;
@@ -14,4 +15,5 @@ pub(crate) mod delivery_limit;
 pub(crate) mod otel;
 pub mod publisher;
 pub(crate) mod span;
+mod tls;
 pub mod topology;
