@@ -35,16 +35,12 @@ struct Inner {
     connection: watch::Receiver<Option<Arc<Connection>>>,
     /// How long a call waits for a connection.
     wait: Duration,
-    live: tokio::sync::Mutex<Option<Live>>,
+    /// The channel that publishes requests and consumes their replies.
+    channel: tokio::sync::Mutex<Option<Channel>>,
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     prefix: String,
     late: Arc<AtomicU64>,
-}
-
-/// The channel that publishes requests and consumes their replies.
-struct Live {
-    channel: Channel,
 }
 
 impl std::fmt::Debug for RpcClient {
@@ -74,7 +70,7 @@ impl RpcClient {
             inner: Arc::new(Inner {
                 connection,
                 wait,
-                live: tokio::sync::Mutex::new(None),
+                channel: tokio::sync::Mutex::new(None),
                 pending: Arc::new(Mutex::new(HashMap::new())),
                 next_id: AtomicU64::new(1),
                 prefix: format!("acemq-rpc-{:x}-", fastrand::u64(..)),
@@ -141,10 +137,10 @@ impl RpcClient {
     /// The live channel, opening one (with its reply consumer) when there
     /// is none or it closed.
     async fn channel(&self) -> Result<Channel, RpcError> {
-        let mut live = self.inner.live.lock().await;
-        if let Some(l) = live.as_ref() {
-            if l.channel.status().connected() {
-                return Ok(l.channel.clone());
+        let mut live = self.inner.channel.lock().await;
+        if let Some(ch) = live.as_ref() {
+            if ch.status().connected() {
+                return Ok(ch.clone());
             }
         }
         let conn = self.connection().await?;
@@ -166,9 +162,7 @@ impl RpcClient {
             self.inner.pending.clone(),
             self.inner.late.clone(),
         ));
-        *live = Some(Live {
-            channel: channel.clone(),
-        });
+        *live = Some(channel.clone());
         Ok(channel)
     }
 
@@ -285,7 +279,7 @@ async fn route_replies(
             .remove(&id);
         match tx {
             Some(tx) => {
-                let _ = tx.send(Reply::from_delivery(delivery));
+                let _ = tx.send(Ok(Reply::from_delivery(delivery)));
             }
             None => {
                 late.fetch_add(1, Ordering::Relaxed);

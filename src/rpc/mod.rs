@@ -131,11 +131,11 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn from_delivery(d: lapin::message::Delivery) -> Result<Self, RpcError> {
-        Ok(Reply {
+    fn from_delivery(d: lapin::message::Delivery) -> Self {
+        Reply {
             body: d.data,
             properties: d.properties,
-        })
+        }
     }
 
     /// The reply's body.
