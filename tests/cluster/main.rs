@@ -11,7 +11,11 @@
 
 #[path = "../node/freeze.rs"]
 mod freeze;
+#[path = "../broker/support.rs"]
+mod shop_proc;
 mod support;
+
+mod chaos;
 
 mod frozen;
 mod node_loss;
