@@ -17,6 +17,9 @@ mod duration;
 #[allow(dead_code)]
 #[path = "../fuzz/props/headers.rs"]
 mod headers;
+#[allow(dead_code)]
+#[path = "../fuzz/props/ledger.rs"]
+mod ledger;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
@@ -77,6 +80,27 @@ fn the_addresses_corpus_replays_without_a_failure() {
 #[test]
 fn the_duration_corpus_replays_without_a_failure() {
     replay("duration", duration::check);
+}
+
+#[test]
+fn the_ledger_corpus_replays_without_a_failure() {
+    replay("ledger", ledger::check);
+}
+
+#[test]
+fn the_ledger_property_holds_on_pseudo_random_event_sequences() {
+    // Beyond the corpus: 3,000 sequences from a fixed seed, every bound
+    // (count 0-15, window 0-63) and up to 600 events each.
+    let mut rng = fastrand::Rng::with_seed(0x1ed6e5);
+    for _ in 0..3000 {
+        let len = rng.usize(2..1200);
+        let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+        let outcome = std::panic::catch_unwind(|| ledger::check(&data));
+        if let Err(panic) = outcome {
+            eprintln!("ledger input that failed: {data:?}");
+            std::panic::resume_unwind(panic);
+        }
+    }
 }
 
 #[test]

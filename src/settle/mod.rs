@@ -128,6 +128,8 @@
 //!   writer itself).
 
 mod book;
+#[doc(hidden)]
+pub mod door;
 pub(crate) mod ledger;
 mod settler;
 pub(crate) mod wire;
