@@ -528,8 +528,8 @@ fn the_kubernetes_manifests_agree_with_the_config_and_the_admin_router() {
         "{file}: terminationGracePeriodSeconds is host_timeout, the same number"
     );
     // The drain's worst case: the deadline, the abandon grace, and at most
-    // 4.75 s of closing (docs/deploying.md).
-    let worst = config.shutdown_timeout + config.abandon_after + Duration::from_millis(4750);
+    // 4.25 s of closing (docs/deploying.md).
+    let worst = config.shutdown_timeout + config.abandon_after + Duration::from_millis(4250);
     assert!(
         worst < config.host_timeout,
         "{worst:?} does not fit in {grace} s"

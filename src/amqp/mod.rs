@@ -6,6 +6,15 @@
 //! Depends on `config` only; every room below it (settle, consumer, app,
 //! ops) uses it.
 
+use std::time::Duration;
+
+/// How long closing a channel or a connection, or cancelling a consumer, may
+/// take before acemq moves on: a broker that went away must not hold the
+/// process. The one bound for every such wait; the drain's worst case
+/// ([`crate::app`]'s start-up warning) counts it once for each close the
+/// drain awaits.
+pub(crate) const CLOSE_BOUND: Duration = Duration::from_secs(1);
+
 pub(crate) mod backoff;
 mod connect_error;
 pub mod connection;

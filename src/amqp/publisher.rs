@@ -370,11 +370,7 @@ impl Publisher {
             .take();
         if let Some(ch) = ch {
             if ch.status().connected() {
-                let _ = tokio::time::timeout(
-                    std::time::Duration::from_secs(1),
-                    ch.close(200, "OK".into()),
-                )
-                .await;
+                let _ = tokio::time::timeout(super::CLOSE_BOUND, ch.close(200, "OK".into())).await;
             }
         }
     }

@@ -6,7 +6,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use acemq_layers::{PauseHandle, RetryPolicy};
 use tokio::sync::{watch, Semaphore};
@@ -217,7 +216,7 @@ async fn connect_until(
         Err(e) => {
             for c in opened {
                 let _ =
-                    tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into())).await;
+                    tokio::time::timeout(crate::amqp::CLOSE_BOUND, c.close(200, "OK".into())).await;
             }
             Err(e)
         }
@@ -346,8 +345,9 @@ async fn install_first_generations(
             Err(panic) => {
                 shared.intake.cancel();
                 for c in connections {
-                    let _ = tokio::time::timeout(Duration::from_secs(2), c.close(200, "OK".into()))
-                        .await;
+                    let _ =
+                        tokio::time::timeout(crate::amqp::CLOSE_BOUND, c.close(200, "OK".into()))
+                            .await;
                 }
                 return Err(StartError::Config(ConfigError::invalid(
                     format!("queues[{index}]"),

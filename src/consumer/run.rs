@@ -149,10 +149,7 @@ async fn close_unless_draining(channel: &Channel, intake: &CancellationToken) {
     if channel.status().connected() && !intake.is_cancelled() {
         // Every settle is done: closing returns what the broker sent
         // ahead and what was abandoned.
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            channel.close(200, "OK".into()),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(crate::amqp::CLOSE_BOUND, channel.close(200, "OK".into())).await;
     }
 }

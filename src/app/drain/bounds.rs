@@ -4,17 +4,43 @@
 use std::time::Duration;
 
 /// How long closing a channel or the connection may take before the drain
-/// moves on (a broker that went away must not hold the process).
-pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// moves on: the one close bound.
+pub(super) const CLOSE_TIMEOUT: Duration = crate::amqp::CLOSE_BOUND;
+
+/// The closes the drain awaits one after another, each within
+/// [`CLOSE_TIMEOUT`]: the consumer channels (together), the publisher's
+/// channel, the publishing connection, the consumers' connection.
+const CLOSES_AWAITED: u32 = 4;
 
 /// The longest a drain can take: `shutdown_timeout`, then `abandon_after`
 /// (and the grace the drain adds to it), then the close bounds: consumer
-/// channels (together), the publishing connection, the consumers'
-/// connection.
+/// channels (together), the publisher's channel, the publishing connection,
+/// the consumers' connection.
 pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
-    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * 3
+    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * CLOSES_AWAITED
 }
 
 /// Added to `abandon_after` before the drain stops waiting for abandoned
 /// handlers to be dropped.
 pub(super) const ABANDON_GRACE: Duration = Duration::from_millis(250);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_case_counts_every_close_the_drain_awaits_and_fits_the_default_host_timeout() {
+        let config = crate::config::Config::new([crate::config::QueueConfig::new("q")]);
+        let worst = worst_case(&config);
+        assert_eq!(
+            worst,
+            config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * 4,
+            "consumer channels, the publisher's channel, two connections"
+        );
+        assert!(
+            worst < config.host_timeout,
+            "the defaults must not warn at start: {worst:?} vs {:?}",
+            config.host_timeout
+        );
+    }
+}

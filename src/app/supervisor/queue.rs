@@ -92,7 +92,7 @@ impl Runner<'_> {
             Ok(None) => {
                 // The drain began meanwhile: this consumer never ran.
                 let _ =
-                    tokio::time::timeout(Duration::from_secs(2), channel.close(200, "OK".into()))
+                    tokio::time::timeout(crate::amqp::CLOSE_BOUND, channel.close(200, "OK".into()))
                         .await;
                 Next::Stop
             }
@@ -177,14 +177,16 @@ impl Runner<'_> {
             tag.as_str().into(),
             lapin::options::BasicCancelOptions::default(),
         );
-        if let Err(e) = tokio::time::timeout(Duration::from_secs(2), cancel)
+        if let Err(e) = tokio::time::timeout(crate::amqp::CLOSE_BOUND, cancel)
             .await
             .unwrap_or(Ok(()))
         {
             warn!(queue = %q.name, "basic.cancel failed ({e}); closing the channel hands the deliveries back instead");
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), channel.close(200, "paused".into()))
-                    .await;
+            let _ = tokio::time::timeout(
+                crate::amqp::CLOSE_BOUND,
+                channel.close(200, "paused".into()),
+            )
+            .await;
         }
         self.slot.gate.hand_back_held();
     }
@@ -216,7 +218,7 @@ impl Runner<'_> {
                         recovered(&q.name, "panic");
                         if channel.status().connected() {
                             let _ = tokio::time::timeout(
-                                Duration::from_secs(2),
+                                crate::amqp::CLOSE_BOUND,
                                 channel.close(200, "consumer loop panicked".into()),
                             )
                             .await;
