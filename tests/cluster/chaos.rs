@@ -249,6 +249,26 @@ impl Shops {
         self.done.push(shop.stderr());
     }
 
+    /// The WARN and ERROR lines of the live instances (for a failure).
+    fn warnings(&self) -> String {
+        self.live
+            .iter()
+            .map(|s| {
+                let err = s.stderr();
+                let lines: Vec<&str> = err
+                    .lines()
+                    .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                    .collect();
+                format!(
+                    "pid {}:\n{}",
+                    s.pid,
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     async fn all_ready(&self, within: Duration) -> bool {
         eventually(within, || async {
             let mut ready = true;
@@ -356,7 +376,9 @@ async fn inject(
             assert!(empty, "the queue never emptied before its deletion");
             assert!(
                 back,
-                "the queue was not consumed again by both instances within 60 s of its deletion"
+                "the queue was not consumed again by both instances within 60 s of its deletion ({r:?}); now {:?}; the instances' warnings:\n{}",
+                queue_state(&shops.q).await,
+                shops.warnings()
             );
             format!("deleted ({})", if r.is_ok() { "ok" } else { "failed" })
         }
@@ -549,7 +571,7 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
             t0.elapsed().as_secs_f64(),
             kind.name()
         );
-        assert!(running && ready && progressing, "no recovery within bounds after {}: {detail} (nodes {running}, instances {ready}, publishing {progressing})", kind.name());
+        assert!(running && ready && progressing, "{}\nno recovery within bounds after {}: {detail} (nodes {running}, instances {ready}, publishing {progressing})", shops.warnings(), kind.name());
         faults.push(Injected {
             kind,
             at,
