@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use acemq::{BoxError, Delivery, Reject};
 use serde::Deserialize;
@@ -21,6 +21,10 @@ struct Order {
     fail_attempts: u32,
     #[serde(default)]
     fail: Option<Fail>,
+    /// Every attempt fails (transiently) until this time, in milliseconds
+    /// since the Unix epoch: a downstream outage that ends by itself.
+    #[serde(default)]
+    fail_until_ms: u64,
 }
 
 #[derive(Debug, Deserialize, PartialEq)]
@@ -36,6 +40,23 @@ struct Transient {
     id: String,
     attempt: u32,
     fail_attempts: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "order {id}: simulated outage, {left_ms} ms left (until {until_ms} ms since the Unix epoch)"
+)]
+struct Outage {
+    id: String,
+    until_ms: u64,
+    left_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Counts for the status line.
@@ -88,6 +109,17 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
             panic!("order {} hit a bug", order.id);
         }
         None => {}
+    }
+    let now = now_ms();
+    if order.fail_until_ms > now {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        info!(order = %order.id, attempt, outcome = "failed", "transient failure (simulated outage)");
+        return Err(Outage {
+            id: order.id,
+            until_ms: order.fail_until_ms,
+            left_ms: order.fail_until_ms - now,
+        }
+        .into());
     }
     if attempt <= order.fail_attempts {
         stats.failed.fetch_add(1, Ordering::Relaxed);

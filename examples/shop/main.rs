@@ -7,7 +7,7 @@
 //! Run with:
 //!
 //! ```text
-//! cargo run --example shop -- [--config FILE] [--no-seed] [--http ADDR] [--queue NAME] [--log-format text|json]
+//! cargo run --example shop -- [--config FILE] [--no-seed | --seed demo|customers|outage] [--http ADDR] [--queue NAME] [--log-format text|json]
 //! ```
 //!
 //! With no `--queue`, the shop consumes every queue its config names (except
@@ -16,6 +16,13 @@
 //! (the config file must name each; its other queues are declared, not
 //! consumed). The demo batch is seeded into the first
 //! queue consumed.
+//!
+//! `--seed NAME` picks another batch to seed instead (`seeds.rs`):
+//! `customers`, 40 orders of 4 customers (header `x-customer`, 50 ms of
+//! work each), for `examples/shop.ordered.yaml`'s per-key ordering;
+//! `outage`, 20 orders that fail until 3 s after they were published
+//! (`fail_until_ms`), for `examples/shop.breaker.yaml`'s circuit breaker.
+//! `--no-seed` publishes nothing.
 //!
 //! `--http ADDR` serves acemq's admin router there (`/healthz`, `/readyz`,
 //! `/queues`, pause and resume, `/metrics`). It answers through the drain —
@@ -33,7 +40,9 @@
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! An order is a JSON body:
-//! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic"}`.
+//! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic", "fail_until_ms": 0}`
+//! (`fail_until_ms`: every attempt fails, transiently, until that time in
+//! milliseconds since the Unix epoch).
 //! Exit codes: 0 clean stop, 75 drain deadline expired, 78 bad config,
 //! 69 broker unreachable.
 //!
@@ -44,6 +53,8 @@
 mod handler;
 #[path = "../common/logging.rs"]
 mod logging;
+#[path = "seeds.rs"]
+mod seeds;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -53,6 +64,7 @@ use std::time::Duration;
 
 use acemq::{App, Config};
 use handler::Stats;
+use seeds::Seed;
 use tracing::{info, warn};
 
 /// How often the Prometheus recorder's upkeep runs (histograms drained, so
@@ -64,54 +76,19 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 const ADMIN_GRACE: Duration = Duration::from_secs(2);
 
 const USAGE: &str =
-    "usage: shop [--config FILE] [--no-seed] [--http ADDR] [--queue NAME]... [--log-format text|json]";
+    "usage: shop [--config FILE] [--no-seed | --seed demo|customers|outage] [--http ADDR] [--queue NAME]... [--log-format text|json]";
 
 /// The demo batch's delayed order and its delay.
 const DELAYED_ORDER: &str = "o-delayed";
 const DEMO_DELAY: Duration = Duration::from_secs(2);
-
-/// The demo batch: one order per path.
-fn demo_batch() -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = (1..=4)
-        .map(|i| {
-            (
-                format!("o-ok-{i}"),
-                format!(r#"{{"id":"o-ok-{i}","work_ms":{}}}"#, i * 100).into_bytes(),
-            )
-        })
-        .collect();
-    out.extend([
-        (
-            "o-retry-here".to_owned(),
-            br#"{"id":"o-retry-here","fail_attempts":1}"#.to_vec(),
-        ),
-        (
-            "o-rung-hop".to_owned(),
-            br#"{"id":"o-rung-hop","fail_attempts":2}"#.to_vec(),
-        ),
-        (
-            "o-permanent".to_owned(),
-            br#"{"id":"o-permanent","fail":"permanent"}"#.to_vec(),
-        ),
-        (
-            "o-panic".to_owned(),
-            br#"{"id":"o-panic","fail":"panic"}"#.to_vec(),
-        ),
-        (
-            "o-exhausted".to_owned(),
-            br#"{"id":"o-exhausted","fail_attempts":99}"#.to_vec(),
-        ),
-        ("not-json".to_owned(), b"this is not an order".to_vec()),
-    ]);
-    out
-}
 
 struct Args {
     log_format: logging::LogFormat,
     config: String,
     /// The queues named by `--queue`; empty: every queue the config consumes.
     queues: Vec<String>,
-    seed: bool,
+    /// The batch to publish at start; `None` with `--no-seed`.
+    seed: Option<Seed>,
     http: Option<SocketAddr>,
 }
 
@@ -122,14 +99,20 @@ fn parse_args() -> Result<Args, String> {
         log_format,
         config: "examples/shop.yaml".to_owned(),
         queues: Vec::new(),
-        seed: true,
+        seed: Some(Seed::Demo),
         http: None,
     };
     let mut it = rest.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--config" => args.config = it.next().ok_or("--config needs a file")?,
-            "--no-seed" => args.seed = false,
+            "--no-seed" => args.seed = None,
+            "--seed" => {
+                let name = it
+                    .next()
+                    .ok_or("--seed needs a batch: demo, customers or outage")?;
+                args.seed = Some(Seed::parse(&name)?);
+            }
             "--queue" => args
                 .queues
                 .push(it.next().ok_or("--queue needs a queue name")?),
@@ -172,6 +155,45 @@ fn connection_name() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("acemq-shop@{host}:{}", std::process::id())
+}
+
+/// Publishes the batch `seed` to `queue` (the demo batch with its delayed
+/// order).
+async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, queue: &str) {
+    let batch = seed.orders();
+    let n = batch.len();
+    for order in batch {
+        let mut props = acemq::Properties::default();
+        props.message_id = Some(order.id.clone());
+        props.content_type = Some("application/json".to_owned());
+        if let Err(e) = publisher
+            .publish_with_headers("", queue, &order.body, props, &order.headers)
+            .await
+        {
+            warn!(order = %order.id, error = %e, "could not publish a {} order", seed.name());
+        }
+    }
+    if seed == Seed::Demo {
+        // One more order, published with a 2 s delay: it waits in the
+        // bucket queue `acemq.delay.2s` (no plugin) and reaches the queue
+        // through the default exchange after 2 s.
+        let mut props = acemq::Properties::default();
+        props.message_id = Some(DELAYED_ORDER.to_owned());
+        props.content_type = Some("application/json".to_owned());
+        let body = format!(r#"{{"id":"{DELAYED_ORDER}"}}"#);
+        match publisher
+            .publish_delayed("", queue, body.as_bytes(), props, DEMO_DELAY)
+            .await
+        {
+            Ok(()) => {
+                info!(order = DELAYED_ORDER, delay = ?DEMO_DELAY, "published a delayed demo order")
+            }
+            Err(e) => {
+                warn!(order = DELAYED_ORDER, error = %e, "could not publish the delayed demo order")
+            }
+        }
+    }
+    info!(orders = n, %queue, "published the {} batch", seed.name());
 }
 
 #[tokio::main]
@@ -263,37 +285,8 @@ async fn main() -> ExitCode {
         }
     }
 
-    if let (true, Some(first)) = (args.seed, queues.first()) {
-        let publisher = running.publisher();
-        let batch = demo_batch();
-        let n = batch.len();
-        for (id, body) in batch {
-            let mut props = acemq::Properties::default();
-            props.message_id = Some(id.clone());
-            props.content_type = Some("application/json".to_owned());
-            if let Err(e) = publisher.publish("", first, &body, props).await {
-                warn!(order = %id, error = %e, "could not publish a demo order");
-            }
-        }
-        // One more order, published with a 2 s delay: it waits in the
-        // bucket queue `acemq.delay.2s` (no plugin) and reaches the queue
-        // through the default exchange after 2 s.
-        let mut props = acemq::Properties::default();
-        props.message_id = Some(DELAYED_ORDER.to_owned());
-        props.content_type = Some("application/json".to_owned());
-        let body = format!(r#"{{"id":"{DELAYED_ORDER}"}}"#);
-        match publisher
-            .publish_delayed("", first, body.as_bytes(), props, DEMO_DELAY)
-            .await
-        {
-            Ok(()) => {
-                info!(order = DELAYED_ORDER, delay = ?DEMO_DELAY, "published a delayed demo order")
-            }
-            Err(e) => {
-                warn!(order = DELAYED_ORDER, error = %e, "could not publish the delayed demo order")
-            }
-        }
-        info!(orders = n, queue = %first, "published the demo batch");
+    if let (Some(seed), Some(first)) = (args.seed, queues.first()) {
+        publish_seed(&running.publisher(), seed, first).await;
     }
 
     let status_health = health.clone();
