@@ -13,6 +13,7 @@ mod admin;
 #[cfg(feature = "axum")]
 mod admin_drain;
 mod bad_input;
+mod breaker;
 mod broker_cancel;
 mod config_load;
 mod dead_letter;
@@ -38,6 +39,7 @@ mod round_trip;
 mod routing;
 mod rpc;
 mod settle;
+mod shop_flow;
 mod shop_queues;
 mod soak;
 mod topology;

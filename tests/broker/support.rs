@@ -462,6 +462,35 @@ pub async fn connection_listed(name: &str) -> bool {
         .contains(&format!("\"{name}\""))
 }
 
+/// The pid of the connection whose client-provided name is exactly `name`.
+pub async fn connection_pid(name: &str) -> Option<String> {
+    let needle = format!("\"{name}\"");
+    list_connections(&["pid", "client_properties"])
+        .await
+        .lines()
+        .find(|l| l.contains(&needle))
+        .and_then(|l| l.split('\t').next())
+        .map(str::to_owned)
+}
+
+/// Has the broker close the connection named exactly `name` (a test's own:
+/// never another's), or fails the test.
+pub async fn close_connection_named(name: &str, reason: &str) {
+    let pid = connection_pid(name)
+        .await
+        .unwrap_or_else(|| panic!("a connection named {name:?} is listed"));
+    let out = rabbitmqctl()
+        .args(["close_connection", &pid, reason])
+        .output()
+        .await
+        .expect(RABBITMQCTL_RUNS);
+    assert!(
+        out.status.success(),
+        "rabbitmqctl close_connection failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 // ---- Helpers for the reliability tests: logs, CPU time, the shop process.
 
 /// Records the level, target and text of every event seen by the subscriber
@@ -629,9 +658,15 @@ impl ShopProcess {
 
     /// `GET /readyz`: (HTTP status, JSON body), or `None` when nothing answers.
     pub async fn readyz(&self) -> Option<(u16, serde_json::Value)> {
+        self.get_json("/readyz").await
+    }
+
+    /// `GET path` on the admin address: (HTTP status, JSON body), or `None`
+    /// when nothing answers.
+    pub async fn get_json(&self, path: &str) -> Option<(u16, serde_json::Value)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(&self.http).await.ok()?;
-        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: shop\r\n\r\n")
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: shop\r\n\r\n").as_bytes())
             .await
             .ok()?;
         let mut buf = Vec::new();
