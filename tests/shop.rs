@@ -210,3 +210,34 @@ async fn at_the_drain_a_cooperative_order_is_handed_back_and_one_ignoring_cancel
         .await;
     assert_eq!(r.fate, Fate::Abandoned, "{:?}", r.decision);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_order_fails_transiently_until_its_outage_ends_and_is_handled_after_it() {
+    let (mut h, stats) = harness();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let r = h
+        .deliver_body(format!(
+            r#"{{"id":"o-back","fail_until_ms":{}}}"#,
+            now_ms - 1
+        ))
+        .await;
+    assert_eq!(r.fate, Fate::Acked, "the outage is over");
+    // An hour's outage: both in-process attempts fail, then the 2 s rung.
+    let r = h
+        .deliver_body(format!(
+            r#"{{"id":"o-down","fail_until_ms":{}}}"#,
+            now_ms + 3_600_000
+        ))
+        .await;
+    assert_eq!(calls(&r), [(1, Duration::ZERO), (2, SECS(1))]);
+    assert!(
+        matches!(&r.fate, Fate::RetriedOnRung { rung, attempt: 3, .. } if rung == "shop.orders.retry.2s"),
+        "{:?}",
+        r.fate
+    );
+    assert_eq!(stats.failed.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.ok.load(Ordering::Relaxed), 1);
+}

@@ -1,7 +1,10 @@
 //! The inbox with the runner and the broker: a handler that enqueues a
 //! follow-up on the inbox's transaction, a handler that ends the inbox's
-//! transaction itself, and duplicates in the health snapshot and `/queues`.
+//! transaction itself, duplicates in the health snapshot and `/queues`, and
+//! a circuit breaker's trip behind the inbox.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use acemq::inbox::{PgInbox, PgTransaction};
@@ -315,4 +318,105 @@ async fn a_handler_that_swallows_a_failed_statement_and_returns_ok_is_not_acknow
     );
     assert_eq!(db.count("SELECT count(*) FROM shipments").await, 0);
     assert_eq!(db.count("SELECT count(*) FROM acemq_inbox").await, 0);
+}
+
+/// Ships the order in the body in the inbox's transaction, then fails
+/// (rolling the shipment and the mark back together) while `down` is set.
+async fn ship_unless_down(d: Delivery, down: Arc<AtomicBool>) -> Result<(), BoxError> {
+    let tx = PgTransaction::of(&d)?;
+    let order = String::from_utf8_lossy(d.body()).into_owned();
+    let id = d.properties().message_id.clone().unwrap_or_default();
+    tx.client()
+        .await
+        .execute(
+            "INSERT INTO shipments (order_id, message_id) VALUES ($1, $2)",
+            &[&order, &id],
+        )
+        .await?;
+    if down.load(Ordering::SeqCst) {
+        return Err("the carrier is down (after the write)".into());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_circuit_breaker_trip_behind_the_inbox_loses_nothing_and_records_each_orders_work_once() {
+    use acemq::layers::Circuit;
+    const N: u32 = 10;
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("inbox-breaker");
+    // The cool-down is longer than pause_hand_back_after: the held orders
+    // go back to the broker and come again after the trip.
+    let config = config(
+        &broker,
+        &format!(
+            "pause_hand_back_after: 1s
+queues:
+  - name: {q}
+    prefetch: {N}
+    concurrency: 2
+    dead_letter: true
+    retries: {{ max_attempts: 10, initial_delay: 300ms, max_delay: 300ms, broker_wait_threshold: 300ms }}
+    circuit_breaker: {{ failure_ratio: 0.5, minimum_calls: 2, window: 30s, cool_down: 2s, max_cool_down: 4s }}
+"
+        ),
+    );
+    let down = Arc::new(AtomicBool::new(true));
+    let d = down.clone();
+    let handler = ServiceBuilder::new()
+        .layer(InboxLayer::new(PgInbox::new(db.pool.clone())))
+        .service_fn(move |delivery: Delivery| ship_unless_down(delivery, d.clone()));
+    let running = start(config, &q, handler, None).await;
+    let health = running.health();
+    for i in 0..N {
+        broker
+            .publish(&q, format!("o-{i}").as_bytes(), &format!("m-{i}"))
+            .await;
+    }
+    wait_until("the circuit open", BOUND, || async {
+        health.circuit(&q).unwrap() == Circuit::Open
+    })
+    .await;
+    wait_until("every order back in the queue", BOUND, || async {
+        broker.ready(&q).await == N
+    })
+    .await;
+    assert_eq!(db.count("SELECT count(*) FROM shipments").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM acemq_inbox").await, 0);
+    let handed_back = health.snapshot().queues[0].handed_back;
+
+    down.store(false, Ordering::SeqCst);
+    wait_until(
+        "every order shipped and the circuit closed",
+        BOUND,
+        || async {
+            db.count("SELECT count(DISTINCT order_id) FROM shipments")
+                .await
+                == i64::from(N)
+                && health.circuit(&q).unwrap() == Circuit::Closed
+        },
+    )
+    .await;
+    running.drain().await.expect("clean drain");
+    eprintln!(
+        "--- inbox breaker: {handed_back} handed back at the trip; {} shipments, {} inbox marks",
+        db.count("SELECT count(*) FROM shipments").await,
+        db.count("SELECT count(*) FROM acemq_inbox").await
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM shipments").await,
+        i64::from(N),
+        "each order's work recorded exactly once"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_inbox").await,
+        i64::from(N)
+    );
+    assert_eq!(broker.ready(&q).await, 0, "nothing left in the queue");
+    assert_eq!(
+        broker.ready(&format!("{q}.dlq")).await,
+        0,
+        "nothing dead-lettered"
+    );
 }
