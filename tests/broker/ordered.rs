@@ -231,7 +231,7 @@ async fn an_ordered_queue_whose_connection_the_broker_closes_loses_nothing_and_k
     running.drain().await.expect("a clean drain");
     assert_eq!(broker.ready(&q).await, Some(0), "nothing left in the queue");
 
-    let s = seen.lock().unwrap();
+    let s = std::mem::take(&mut *seen.lock().unwrap());
     let redelivered = s.starts.iter().filter(|(_, _, r)| *r).count();
     let again = s.done.len() - total;
     eprintln!(
@@ -280,6 +280,5 @@ async fn an_ordered_queue_whose_connection_the_broker_closes_loses_nothing_and_k
             "{k}: goes back at most once, at the close: {ns:?}"
         );
     }
-    drop(s);
     broker.delete(&all_queues(&q)).await;
 }
