@@ -47,6 +47,12 @@ impl<S, K> Partition<S, K> {
         self.shared.waiting()
     }
 
+    /// Keys running now, and slots handed over to the locked table.
+    #[cfg(test)]
+    pub(crate) fn keys_and_locked_slots(&self) -> (usize, usize) {
+        (self.shared.running_keys(), self.shared.locked_slots())
+    }
+
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner

@@ -379,3 +379,40 @@ fn ready_made_keys_read_the_header_routing_key_and_message_id() {
     assert_eq!(OrderedBy::MessageId.key(&d), Some(key_hash("m-1")));
     assert_eq!(OrderedBy::MessageId.key(&Delivery::builder().build()), None);
 }
+
+#[tokio::test]
+async fn keys_sharing_a_slot_keep_their_order_and_the_slot_comes_back_free() {
+    // 1 and 257 share a slot of the lock-free path (256 slots): the second
+    // goes to the locked table, and the first with it.
+    let layer = PartitionLayer::new(|d: &Delivery| {
+        Some(u64::from_le_bytes(d.body()[..8].try_into().unwrap()))
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service_fn(|_: Delivery| async { Ok::<_, Infallible>(()) });
+    let keyed = |k: u64| Delivery::builder().body(k.to_le_bytes().to_vec()).build();
+    let one = svc.ready().await.unwrap().call(keyed(1));
+    assert_eq!(svc.keys_and_locked_slots(), (1, 0), "a free key: no lock");
+    let other = svc.ready().await.unwrap().call(keyed(257));
+    assert_eq!(svc.keys_and_locked_slots(), (2, 1), "a shared slot: locked");
+    let one_again = svc.ready().await.unwrap().call(keyed(1));
+    tokio::pin!(one_again);
+    assert!(futures::poll!(one_again.as_mut()).is_pending());
+    assert_eq!(layer.waiting(), 1);
+    one.await.unwrap();
+    one_again.await.unwrap();
+    assert_eq!(svc.keys_and_locked_slots(), (1, 1), "257 still runs");
+    other.await.unwrap();
+    assert_eq!(
+        svc.keys_and_locked_slots(),
+        (0, 0),
+        "the slot is free again"
+    );
+    let again = svc.ready().await.unwrap().call(keyed(1));
+    assert_eq!(
+        svc.keys_and_locked_slots(),
+        (1, 0),
+        "the lock-free path again"
+    );
+    again.await.unwrap();
+}

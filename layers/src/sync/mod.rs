@@ -15,7 +15,8 @@
 //! `Arc` stays std's in both builds: a waker made from an `Arc` (`Wake`)
 //! needs std's, and reference counting is not part of any protocol here.
 //! Locks that only guard a registry (the in-flight counter's queues, the
-//! retry layer's warnings) stay std's too.
+//! retry layer's warnings) stay std's too; a lock that a lock-free path
+//! hands over to (the partition table's) is this module's `Mutex`.
 
 #[cfg(not(acemq_loom))]
 mod imp {
@@ -24,6 +25,7 @@ mod imp {
     }
 
     pub(crate) use futures::task::AtomicWaker;
+    pub(crate) use std::sync::{Mutex, MutexGuard};
     pub(crate) use tokio::sync::futures::OwnedNotified;
     pub(crate) use tokio::sync::Notify;
     pub(crate) use tokio_util::sync::{
@@ -63,6 +65,8 @@ mod imp {
         pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
         pub(crate) use std::sync::atomic::Ordering;
     }
+
+    pub(crate) use loom::sync::{Mutex, MutexGuard};
 
     pub(crate) use super::notify::{Notify, OwnedNotified};
     pub(crate) use super::token::{
