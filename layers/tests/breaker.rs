@@ -163,6 +163,31 @@ async fn successes_count_against_the_ratio() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn successes_slide_out_of_the_window_as_failures_do() {
+    let (gate, down) = (PauseHandle::new(), Downstream::default());
+    let mut svc = stack(&gate, policy(2, 0.5), &down);
+    send_n(&mut svc, 6).await;
+    advance(5_000).await;
+    send_n(&mut svc, 4).await;
+    // 11 s: the first six successes have left the 10 s window; the four of
+    // 5 s are in it.
+    advance(6_000).await;
+    down.set(FAIL);
+    send_n(&mut svc, 3).await;
+    assert_eq!(
+        gate.circuit(),
+        Circuit::Closed,
+        "3 failures of 7 calls within the window"
+    );
+    send_n(&mut svc, 1).await;
+    assert_eq!(
+        gate.circuit(),
+        Circuit::Open,
+        "4 failures of 8 calls: the six older successes no longer count"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn failures_older_than_the_window_do_not_count() {
     let (gate, down) = (PauseHandle::new(), Downstream::default());
     let mut svc = stack(&gate, policy(3, 1.0), &down);

@@ -146,7 +146,7 @@ mod layer;
 mod policy;
 mod service;
 mod state;
-mod window;
+pub(crate) mod window;
 
 pub use layer::CircuitBreakerLayer;
 pub use policy::{BreakerPolicy, BreakerPolicyError};

@@ -32,7 +32,7 @@ pub(crate) struct Shared<C> {
     pub(crate) gate: PauseHandle,
     pub(crate) policy: BreakerPolicy,
     pub(crate) classifier: C,
-    window: Window,
+    window: Arc<Window>,
     /// Failed probes since the circuit last closed (the cool-down grows
     /// with it).
     reopens: AtomicU32,
@@ -41,7 +41,7 @@ pub(crate) struct Shared<C> {
 impl<C: Classify> Shared<C> {
     pub(crate) fn new(gate: PauseHandle, policy: BreakerPolicy, classifier: C) -> Self {
         Shared {
-            window: Window::new(policy.window),
+            window: Arc::new(Window::new(policy.window)),
             gate,
             policy,
             classifier,
@@ -78,13 +78,28 @@ impl<C: Classify> Shared<C> {
         if word.circuit() != Circuit::Closed || seen == Seen::Nothing {
             return;
         }
+        if seen == Seen::Success {
+            self.count_success();
+            return;
+        }
+        // A failure reads the clock: the tally it is judged on is exact.
         let now = Instant::now();
-        let failed = seen == Seen::Failure;
-        self.window.record(now, failed);
-        if failed {
-            let tally = self.window.tally(now);
-            if self.trips(tally) {
-                self.trip(tally);
+        self.window.record(now, true);
+        let tally = self.window.tally(now);
+        if self.trips(tally) {
+            self.trip(tally);
+        }
+    }
+
+    /// A success goes into the bucket the window's ticker keeps (no clock
+    /// read); before the ticker runs, into the clock's.
+    #[inline]
+    fn count_success(&self) {
+        match self.window.ticked() {
+            Some(seq) => self.window.record_in(seq, false),
+            None => {
+                self.window.record(Instant::now(), false);
+                self.window.keep_ticking();
             }
         }
     }
