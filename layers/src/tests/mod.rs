@@ -3,8 +3,10 @@
 //! `crate::sync` switches to under `--cfg acemq_loom`. See the crate docs'
 //! "Verification" for what is checked and how to run it.
 
+mod loom_breaker;
 mod loom_cancellation;
 mod loom_in_flight;
+mod loom_partition;
 mod loom_pause;
 mod loom_slots;
 
