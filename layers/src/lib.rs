@@ -84,7 +84,12 @@
 //! `hand_back_held`; the in-flight total, waiter count and `Notify` against
 //! [`wait_idle`](InFlightCounter::wait_idle); the cancellation view's
 //! watcher (`fired`, the waiters' `Notify`, the signal that every view is
-//! gone) against handlers waiting as the [`cancel`] layer does. Each model
+//! gone) against handlers waiting as the [`cancel`] layer does; the
+//! [`partition`] table's lock-free slots against the locked table they are
+//! handed over to (a key's release racing an arrival of the same key, a key
+//! sharing a running key's slot, a waiter and a later arrival); the
+//! [`breaker`] window's buckets against a late result (a success counted in
+//! the ticker's bucket racing a failure that rotates it). Each model
 //! runs two to four threads with one assertion; loom runs every
 //! interleaving (at most two preemptions each) and fails on a broken
 //! assertion or on a thread left parked (a lost wake-up). The models are in
@@ -107,9 +112,10 @@
 //! debug (`--release` takes longer to build than it saves).
 //! `LOOM_MAX_PREEMPTIONS=3` runs deeper (a few minutes in `--release`).
 //!
-//! Not modelled: time (the grace period, `paused_for`: tokio's timer has no
-//! loom model), the watcher as a tokio task (a loom thread stands in for
-//! it), and the `SeqCst` accesses of the in-flight counter as such (loom
+//! Not modelled: time (the grace period, `paused_for`, the breaker's
+//! ticker: tokio's timer has no loom model; the window's models give the
+//! buckets' sequences directly), the watcher as a tokio task (a loom
+//! thread stands in for it), and the `SeqCst` accesses of the in-flight counter as such (loom
 //! treats them as `AcqRel`; the model puts a `SeqCst` fence where C11's
 //! single order of those accesses already holds). One model is ignored: it
 //! shows `wait_idle` resolving while a delivery is in flight, when a guard

@@ -73,10 +73,18 @@
 //!
 //! # Cost
 //!
-//! Closed, an attempt costs two atomic reads of the gate, a clock read and
-//! one compare-and-swap on the current bucket, and no allocation: the
-//! window is a fixed ring of packed counters. The cool-down is one spawned
-//! tokio task per trip.
+//! Closed, a successful attempt costs two atomic reads of the gate, one
+//! read of the current bucket and one compare-and-swap on it, and no
+//! allocation: the window is a fixed ring of packed counters. No clock is
+//! read for a success: a ticker task (one per layer, spawned on the tokio
+//! runtime of the first success, ending with the layer) stores the current
+//! bucket at each bucket's start (a tenth of `window`), and a success
+//! counts in the bucket it stored — a tick of the runtime's timer late at
+//! most, which moves when a success leaves the window by that much. Until
+//! the ticker runs (and without a tokio runtime) a success reads the clock.
+//! A failure always reads the clock: the bucket it counts in and the
+//! window it is judged on are exact. The cool-down is one spawned tokio
+//! task per trip.
 //!
 //! # Example
 //!

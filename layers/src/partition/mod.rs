@@ -52,10 +52,15 @@
 //!
 //! # Cost
 //!
-//! A delivery whose key is free costs a lookup and an insert in a map of
-//! the running keys (one uncontended lock), and a removal when it ends: no
-//! allocation once the map has grown to the number of keys running at
-//! once. A waiting delivery allocates its place in the line.
+//! A delivery whose key is free and waited for by no one takes no lock: the
+//! key goes into one of 256 slots (chosen by the key's low bits) with one
+//! compare-and-swap, and leaves it with another when the delivery ends; no
+//! allocation. Only what a slot's word cannot say goes to a locked map of
+//! the running keys: a second delivery of a running key (it waits there in
+//! its line), or a different key whose slot is taken. The slot then stays
+//! with the lock until the map holds none of its keys. A waiting delivery
+//! allocates its place in the line; the map allocates nothing once it has
+//! grown to the number of keys it holds at once.
 //!
 //! # Example
 //!
