@@ -60,7 +60,9 @@
 //! deliveries stay held through every cool-down, the probe is one of them,
 //! and no trip costs them a redelivery (`x-delivery-count` on a quorum
 //! queue). A cool-down longer than the bound costs each held delivery one
-//! redelivery per trip. A half-open gate is not paused (a transport that
+//! redelivery per trip, which counts toward acemq's `max_redeliveries` (50
+//! by default): after that many such trips a held message is dead-lettered
+//! as `redelivered`. A half-open gate is not paused (a transport that
 //! stopped consuming starts again, to find a probe).
 //!
 //! # Log and metrics
