@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery};
-use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::{Channel, Consumer};
 use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tower::Service;
+use tracing::debug;
 
 use super::generation::Generation;
 use super::handler::{Finished, Released};
 use crate::config::PrefetchPolicy;
-use crate::settle::ledger::Frame;
+use crate::settle::wire::Writer;
 
 /// How many rounds one poll of the loop may make before it yields to the
 /// runtime (so a busy stream cannot starve other tasks).
@@ -36,12 +36,13 @@ const CHANNEL_CHECK: Duration = Duration::from_millis(100);
 ///
 /// `'a` is what the generation borrows (and the settles with it), `'p` the
 /// loop's pinned futures and stream, `'w` the tokens those futures watch.
-/// `H` is a handler's future and `T` a settle's; neither type has a name,
-/// so [`poll`](Self::poll) is handed the two functions that make them.
+/// `H` is a handler's future; it has no name, so [`poll`](Self::poll) is
+/// handed the function that makes one.
 /// Fields drop in the order the loop's locals always did: settles,
 /// handlers, then the state.
-pub(super) struct Rounds<'a, 'p, 'w, S, H, T> {
-    pub(super) settles: FuturesUnordered<T>,
+pub(super) struct Rounds<'a, 'p, 'w, S, H> {
+    /// Settle frames on the wire, queued in the ledger's order.
+    pub(super) settles: Writer<'a, &'a Channel>,
     pub(super) handlers: Slots<H>,
     pub(super) st: Generation<'a, S>,
     pub(super) consumer: &'p mut Consumer,
@@ -62,22 +63,19 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H, T> {
     pub(super) check_armed: bool,
 }
 
-impl<'a, S, H, T> Rounds<'a, '_, '_, S, H, T>
+impl<'a, S, H> Rounds<'a, '_, '_, S, H>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
     H: Future<Output = Finished>,
-    T: Future<Output = ()>,
 {
     /// Runs rounds until the loop is finished (`Ready`), a round makes no
     /// progress, or the budget is spent (then it wakes itself first).
-    /// `start` is [`Generation::poll_start`] and `send` is
-    /// [`wire::send`](crate::settle::wire::send).
+    /// `start` is [`Generation::poll_start`].
     pub(super) fn poll(
         &mut self,
         cx: &mut Context<'_>,
         mut start: impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
-        send: impl Fn(&'a Channel, Frame, &'a str) -> T,
     ) -> Poll<()> {
         let mut budget = POLL_BUDGET;
         loop {
@@ -90,7 +88,7 @@ where
             progressed |= self.hand_back();
             progressed |= self.start_handlers(cx, &mut start);
             self.flush_ledger(cx);
-            progressed |= self.send_settles(&send);
+            progressed |= self.send_settles(cx);
             progressed |= self.poll_settles(cx);
             self.st.publish_gauges(self.settles.len());
             if self.finished() {
@@ -282,9 +280,9 @@ where
         st.force_flush = false;
     }
 
-    /// What the ledger put out goes to the wire, as settles pushed in the
-    /// ledger's order (see `wire::send` for why frames keep that order).
-    fn send_settles(&mut self, send: &impl Fn(&'a Channel, Frame, &'a str) -> T) -> bool {
+    /// What the ledger put out goes to the wire, queued in the ledger's
+    /// order by the writer.
+    fn send_settles(&mut self, cx: &mut Context<'_>) -> bool {
         let st = &mut self.st;
         if st.ops.is_empty() {
             return false;
@@ -292,17 +290,19 @@ where
         let frames = st.ops.len();
         st.stats.settle_frames.fetch_add(frames, Ordering::Relaxed);
         st.outcomes.frames.increment(frames as u64);
-        for op in st.ops.drain(..) {
-            self.settles.push(send(st.channel, op, st.queue));
-        }
+        self.settles.queue(st.ops.drain(..), cx);
         true
     }
 
-    /// Settles done (sent, or failed on a closing channel).
+    /// Settles done (sent, or failed on a closing channel: the broker
+    /// requeues what it did not get a settle for).
     fn poll_settles(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
-        while let Poll::Ready(Some(())) = self.settles.poll_next_unpin(cx) {
+        while let Poll::Ready(Some((op, result))) = self.settles.poll_next_unpin(cx) {
             progressed = true;
+            if let Err(e) = result {
+                debug!(queue = %self.st.queue, ?op, error = %e, "settle failed on a closing channel; the broker requeues the delivery");
+            }
         }
         progressed
     }

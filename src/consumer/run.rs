@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
-use futures::stream::FuturesUnordered;
 use lapin::{Channel, Consumer};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +23,7 @@ use super::strikes::Started;
 use super::struck::Struck;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Ledger};
-use crate::settle::wire::send;
+use crate::settle::wire::Writer;
 
 /// Everything one generation's loop is built from.
 pub(crate) struct ConsumerLoop<S> {
@@ -105,7 +104,7 @@ where
         // no allocation or reference count per delivery, and one call wakes
         // them all.
         let handlers = Slots::with_capacity(slots.available_permits());
-        let settles = FuturesUnordered::new();
+        let settles = Writer::new(&channel);
         // The handlers' cancellation: the stack's cancel layer registers no
         // waiter (woken_by_transport), the loop wakes every running handler
         // when it fires (`Slots::wake_all`), and a handler started after it
@@ -136,7 +135,7 @@ where
             check,
             check_armed: false,
         };
-        poll_fn(|cx| rounds.poll(cx, Generation::poll_start, send)).await;
+        poll_fn(|cx| rounds.poll(cx, Generation::poll_start)).await;
         rounds.st.publish_gauges(0);
         close_unless_draining(&channel, &intake).await;
         debug!(queue = %queue, "consumer loop finished");

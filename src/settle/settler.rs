@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_layers::{Decision, Delivery, Lifeline};
-use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::Channel;
 use tokio::sync::{mpsc, watch};
@@ -18,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::book::{deliveries, Book};
 use super::ledger::{Bounds, Frame, Settlement};
-use super::wire::send_op;
+use super::wire::Writer;
 use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::AckBatch;
 
@@ -422,7 +421,7 @@ async fn run(
     done: watch::Sender<Option<SettleReport>>,
 ) {
     let channel = &shared.channel;
-    let mut settles = FuturesUnordered::new();
+    let mut settles = Writer::new(channel);
     let timer = tokio::time::sleep(bounds.delay);
     tokio::pin!(timer);
     let mut task = Task::new(&shared, bounds, rx, timer);
@@ -445,11 +444,14 @@ async fn run(
         }
         task.notice_loss();
         task.flush(force);
-        // Polled first-in first-out by the next round's `settles.next()`:
-        // lapin queues each frame at its first poll, so frames go out in
-        // the ledger's order.
-        for op in task.book.ops.drain(..) {
-            settles.push(async move { (op, send_op(channel, op).await) });
+        // Queued on the channel in the ledger's order, by the writer.
+        if !task.book.ops.is_empty() {
+            let ops = &mut task.book.ops;
+            std::future::poll_fn(|cx| {
+                settles.queue(ops.drain(..), cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
         }
         if task.drained && settles.is_empty() && task.book.held() == 0 {
             break;

@@ -4,6 +4,7 @@
 //! sent — nothing lost — once the channel is gone.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::time::Duration;
 
 use acemq::config::AckBatch;
@@ -443,4 +444,83 @@ async fn settle_an_ack_held_above_an_undecided_tag_goes_out_alone_after_the_time
     assert_channel_open(&channel, &q).await;
     let _ = channel.close(200, "OK".into()).await;
     let _ = conn.close(200, "OK".into()).await;
+}
+
+/// lapin 4.12's `basic_ack`, `basic_nack` and `basic_reject` put their
+/// frame on the channel's outgoing queue at their first poll, not when the
+/// future is made and not only when it completes: acemq's settle writer
+/// (`settle::wire::Writer`) queues frames in the ledger's order by polling
+/// each once as it is made, which is only right while lapin does this.
+/// Three deliveries: an ack future made and dropped unpolled settles
+/// nothing; an ack and a reject each polled once (with a no-op waker) and
+/// dropped at once are both on the wire. After the channel closes, the
+/// unpolled one's message is back in the queue; the acked one is gone; the
+/// rejected one is in the dead-letter queue.
+#[tokio::test]
+async fn lapin_queues_a_settle_frame_at_its_first_poll_and_not_before() {
+    let q = unique("settle-first-poll");
+    let mut broker = Broker::new().await;
+    let dlq = declare_with_dlx(&mut broker, &q).await;
+    let _cleanup = QueueCleanup::new(vec![q.clone(), dlq.clone()]);
+    for body in ["unpolled", "acked", "rejected"] {
+        broker
+            .publish(&q, body.as_bytes(), FieldTable::default())
+            .await;
+    }
+    let conn = connect().await;
+    let (channel, mut consumer) = consume(&conn, &q, 3).await;
+    let mut tags = BTreeMap::new();
+    for _ in 0..3 {
+        let d = next(&mut consumer).await;
+        tags.insert(
+            String::from_utf8_lossy(&d.data).into_owned(),
+            d.delivery_tag,
+        );
+    }
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    // Made, never polled, dropped.
+    drop(channel.basic_ack(
+        tags["unpolled"],
+        acemq::lapin::options::BasicAckOptions { multiple: false },
+    ));
+    // Polled once each, dropped before they complete.
+    let mut ack = Box::pin(channel.basic_ack(
+        tags["acked"],
+        acemq::lapin::options::BasicAckOptions { multiple: false },
+    ));
+    let _ = ack.as_mut().poll(&mut cx);
+    drop(ack);
+    let mut reject = Box::pin(channel.basic_reject(
+        tags["rejected"],
+        acemq::lapin::options::BasicRejectOptions { requeue: false },
+    ));
+    let _ = reject.as_mut().poll(&mut cx);
+    drop(reject);
+    // A round trip on the channel after them: the frames before it were
+    // written and handled by the broker.
+    channel
+        .basic_cancel(
+            consumer.tag().as_str().into(),
+            BasicCancelOptions::default(),
+        )
+        .await
+        .expect("cancel");
+    channel.close(200, "OK".into()).await.expect("close");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            queue_counts(&q).await == Some((1, 0)) && queue_counts(&dlq).await == Some((1, 0))
+        })
+        .await,
+        "{q}: the unpolled ack's message back (ready 1, unacked 0), the rejected one in {dlq}: {:?} / {:?}",
+        queue_counts(&q).await,
+        queue_counts(&dlq).await
+    );
+    let back = broker
+        .get(&q)
+        .await
+        .expect("the message the unpolled ack left");
+    assert_eq!(&back.delivery.data[..], b"unpolled");
+    let dead = broker.get(&dlq).await.expect("the rejected message");
+    assert_eq!(&dead.delivery.data[..], b"rejected");
 }
