@@ -333,14 +333,14 @@ impl RetriesConfig {
 /// An acknowledgement still held when the process is killed (SIGKILL, OOM)
 /// is lost, and that delivery is redelivered — a duplicate, never a loss.
 /// How many depends on how many handlers finish within the bound: measured
-/// with `scripts/kill-dupes.sh` (10 SIGKILLs per cell, prefetch 100,
-/// concurrency 8, 5 ms of work per message as an `.await`, a shared 2-core
-/// machine under load), duplicates per kill:
+/// with `scripts/kill-dupes.sh` (prefetch 100, concurrency 8, 5 ms of work
+/// per message as an `.await`, a shared 2-core machine under load),
+/// duplicates per kill:
 ///
 /// | load | default | `ack_batch: 0` |
 /// |---|---|---|
-/// | saturated (5,000 queued): handlers finish in waves of 8 every 5–6 ms | median 6, max 8, mean 4.8 | median 0, max 8, mean 1.6 |
-/// | 200 messages/s | median 0.5, max 2, mean 0.7 | median 0, max 1, mean 0.2 |
+/// | saturated (5,000 queued): handlers finish in waves of 8 every 5–6 ms | median 6.5, max 16, mean 4.7 (30 kills) | median 0, max 8, mean 0.8 (30 kills) |
+/// | 200 messages/s | median 0.5, max 2, mean 0.7 (10 kills) | median 0, max 1, mean 0.2 (10 kills) |
 ///
 /// At saturation a kill that lands in the 2–3 ms a wave is held costs the
 /// whole wave (`concurrency` duplicates); `ack_batch: 0` narrows that window
