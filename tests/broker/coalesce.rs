@@ -37,9 +37,9 @@ const CLOSES: usize = 4;
 /// the time `rabbitmqctl` takes to exit once the broker closed the
 /// connection (tens of ms on a loaded machine). Without the clock read, the
 /// busy loop held acknowledgements until a run of 50 (50 × 6 ms) or the
-/// end of its burst: handlings that had finished 0.2–0.7 s before the
+/// end of its burst: handlings that had finished 0.3–0.7 s before the
 /// close were redelivered.
-const MARGIN: Duration = Duration::from_millis(150);
+const MARGIN: Duration = Duration::from_millis(200);
 
 /// When each handling of each message finished, by message index.
 #[derive(Default)]
