@@ -158,7 +158,7 @@ pub use inbox::{Inbox, InboxLayer, InboxStore};
 pub use lifeline::{Cancellation, Lifeline};
 pub use partition::{Partition, PartitionLayer};
 pub use pause::{Circuit, Pause, PauseHandle, PauseLayer};
-pub use publish::{Outgoing, Publish, PublishError};
+pub use publish::{ErrorReply, Outgoing, Publish, PublishError};
 pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};
 pub use verdict::{IntoVerdict, Verdict};

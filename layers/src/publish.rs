@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use crate::decision::DeadLetterDecision;
 use crate::delivery::Delivery;
 use crate::error::BoxError;
 use crate::headers::{
@@ -39,6 +40,41 @@ pub struct Outgoing<'a> {
     pub delivery: &'a Delivery,
     /// The headers the copy carries.
     pub headers: Headers,
+}
+
+/// The error reply owed to the caller of a request that is being
+/// dead-lettered: the request carried `reply_to` and a `correlation_id`, so
+/// someone waits for an answer that will not come. The dead-letter layer
+/// hands it to [`Publish::reply_error`] once the request's fate is settled
+/// (after the copy to the dead-letter queue, before the request is
+/// acknowledged).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ErrorReply<'a> {
+    /// Where the caller waits (the request's `reply_to`).
+    pub reply_to: &'a str,
+    /// The request's `correlation_id`, which the reply carries back.
+    pub correlation_id: &'a str,
+    /// The request.
+    pub delivery: &'a Delivery,
+    /// Why it is dead-lettered, the last error, how many attempts.
+    pub decision: &'a DeadLetterDecision,
+}
+
+impl<'a> ErrorReply<'a> {
+    /// The reply owed for `delivery` under `decision`, if the delivery is a
+    /// request: it carries a non-empty `reply_to` and a `correlation_id`.
+    pub fn of(delivery: &'a Delivery, decision: &'a DeadLetterDecision) -> Option<Self> {
+        let properties = delivery.properties();
+        let reply_to = properties.reply_to.as_deref().filter(|r| !r.is_empty())?;
+        let correlation_id = properties.correlation_id.as_deref()?;
+        Some(ErrorReply {
+            reply_to,
+            correlation_id,
+            delivery,
+            decision,
+        })
+    }
 }
 
 /// Why a publish did not deliver.
@@ -136,4 +172,17 @@ pub trait Publish: Clone + Send + Sync + 'static {
     /// Declares `queue` again from the topology (the dead-letter layer calls
     /// this when its queue was deleted while running).
     fn redeclare(&self, queue: &str) -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// Sends the caller of a request being dead-lettered its error reply
+    /// (see [`ErrorReply`]): not mandatory (a caller that has gone is not an
+    /// error), waiting for the confirm where the transport has them. The
+    /// `acemq` crate writes the wire format of `acemq::rpc`; the default
+    /// sends nothing.
+    fn reply_error(
+        &self,
+        reply: ErrorReply<'_>,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        let _ = reply;
+        std::future::ready(Ok(()))
+    }
 }

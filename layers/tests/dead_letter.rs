@@ -349,3 +349,78 @@ async fn over_the_retry_layer_exhausted_attempts_reach_the_dead_letter_queue() {
         Some(&Value::I64(3))
     );
 }
+
+/// A request: `delivery()` with `reply_to` and, if `id`, a `correlation_id`.
+fn request(reply_to: &str, id: Option<&str>) -> Delivery {
+    let mut properties = delivery().properties().clone();
+    properties.reply_to = Some(reply_to.into());
+    properties.correlation_id = id.map(Into::into);
+    Delivery::builder()
+        .queue("orders")
+        .body(r#"{"id":1}"#)
+        .properties(properties)
+        .build()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_lettered_request_gets_one_error_reply_after_its_copy_is_in_the_dead_letter_queue() {
+    let broker = FakePublisher::default();
+    let svc = DeadLetterLayer::new(broker.clone())
+        .layer(answering(|| Err(Reject::new("not an order").into())));
+    let decision = svc
+        .oneshot(request("amq.rabbitmq.reply-to.abc", Some("c-7")))
+        .await
+        .unwrap();
+    assert!(matches!(decision, Decision::DeadLetter(d) if d.published));
+    assert_eq!(
+        broker.attempted(),
+        ["orders.dlq", "reply:amq.rabbitmq.reply-to.abc"],
+        "the copy first, then the reply"
+    );
+    assert_eq!(
+        broker.replies(),
+        [(
+            "amq.rabbitmq.reply-to.abc".to_owned(),
+            "c-7".to_owned(),
+            "rejected".to_owned(),
+            "rejected: not an order".to_owned()
+        )]
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivery_without_reply_to_or_correlation_id_gets_no_reply_and_a_request_that_succeeds_none_either(
+) {
+    let broker = FakePublisher::default();
+    let failing = DeadLetterLayer::new(broker.clone()).layer(answering(|| {
+        Ok(unpublished(Reason::MaxAttempts, "down", 3))
+    }));
+    failing.clone().oneshot(delivery()).await.unwrap();
+    failing
+        .clone()
+        .oneshot(request("", Some("c-1")))
+        .await
+        .unwrap();
+    failing.oneshot(request("replies", None)).await.unwrap();
+    let succeeding = DeadLetterLayer::new(broker.clone()).layer(answering(|| Ok(Decision::Ack)));
+    succeeding
+        .oneshot(request("replies", Some("c-2")))
+        .await
+        .unwrap();
+    assert!(broker.replies().is_empty(), "{:?}", broker.replies());
+    assert_eq!(broker.attempted(), ["orders.dlq"; 3]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_disabled_layer_still_replies_to_a_dead_lettered_request_and_publishes_no_copy() {
+    let broker = FakePublisher::default();
+    let svc = DeadLetterLayer::new(broker.clone())
+        .enabled(false)
+        .layer(answering(|| {
+            Ok(unpublished(Reason::MaxAttempts, "down", 3))
+        }));
+    let decision = svc.oneshot(request("replies", Some("c-3"))).await.unwrap();
+    assert_eq!(decision, unpublished(Reason::MaxAttempts, "down", 3));
+    assert_eq!(broker.attempted(), ["reply:replies"]);
+    assert_eq!(broker.replies()[0].2, "max-attempts");
+}

@@ -40,7 +40,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use acemq_layers::{Headers, Outgoing, Properties, Publish, PublishError};
+use acemq_layers::{ErrorReply, Headers, Outgoing, Properties, Publish, PublishError};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
@@ -387,6 +387,10 @@ impl Publish for Publisher {
         let props = properties_to_lapin(message.delivery.properties(), &headers);
         self.send("", message.queue, message.delivery.body(), props)
             .await
+    }
+
+    async fn reply_error(&self, reply: ErrorReply<'_>) -> Result<(), PublishError> {
+        crate::rpc::send_error_reply(self, reply).await
     }
 
     async fn redeclare(&self, queue: &str) -> Result<(), PublishError> {

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use acemq_layers::dead_letter::{ERROR_HEADER, REASON_HEADER};
 use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, warn};
@@ -279,7 +280,10 @@ async fn route_replies(
             .remove(&id);
         match tx {
             Some(tx) => {
-                let _ = tx.send(Ok(Reply::from_delivery(delivery)));
+                let _ = tx.send(match rejection(&delivery) {
+                    Some(e) => Err(e),
+                    None => Ok(Reply::from_delivery(delivery)),
+                });
             }
             None => {
                 late.fetch_add(1, Ordering::Relaxed);
@@ -298,6 +302,21 @@ async fn route_replies(
             message: "the connection or channel was lost while the call waited for its reply; it may or may not have been handled".to_owned(),
         }));
     }
+}
+
+/// The error an error reply carries (one with the `x-acemq-reason`
+/// header); `None` for a normal reply.
+fn rejection(delivery: &lapin::message::Delivery) -> Option<RpcError> {
+    let headers = delivery.properties.headers().as_ref()?.inner();
+    let text = |name: &str| match headers.get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    };
+    let reason = text(REASON_HEADER)?;
+    let detail =
+        text(ERROR_HEADER).unwrap_or_else(|| String::from_utf8_lossy(&delivery.data).into_owned());
+    Some(RpcError::Rejected { reason, detail })
 }
 
 impl tower::Service<RpcRequest> for RpcClient {

@@ -62,9 +62,44 @@
 //! address as unroutable), and only then lets the request be acknowledged.
 //! A reply to a caller that has gone is dropped by the broker. A request
 //! without `reply_to` is handled as a normal message. A failed attempt
-//! publishes nothing: a request retried through rungs gets one reply, after
-//! the attempt that succeeds; a request that is dead-lettered gets none, so
-//! its caller ends at its deadline with [`RpcError::Timeout`].
+//! publishes nothing: a request retried (in the process or through rungs)
+//! gets one reply, after its final outcome — the reply of the attempt that
+//! succeeds, or an error reply if it is dead-lettered.
+//!
+//! # Error replies
+//!
+//! A request that is dead-lettered — its handler failed permanently, its
+//! retries ran out, it panicked, timed out, or was redelivered too often —
+//! gets an **error reply** carrying the reason, so its caller does not wait
+//! out its deadline for a message that is gone: the call ends with
+//! [`RpcError::Rejected`] as soon as the request is in the dead-letter
+//! queue. The dead-letter layer sends it (after the confirmed copy to
+//! `{queue}.dlq`, before the request is acknowledged), for any handler, not
+//! only a [`Responder`]; a queue with `dead_letter: false` sends it too
+//! before the request is rejected. Only a delivery with a non-empty
+//! `reply_to` and a `correlation_id` gets one, and it costs nothing on any
+//! other path. A request gets one reply at most: a successful reply ends
+//! its handling, and a dead-lettered request is not handled again. (If the
+//! process dies between the reply and the acknowledgement, the request comes
+//! back and may be answered again; the caller has already had its answer
+//! and drops the second as late.)
+//!
+//! The wire format, for callers in other languages (a contract between
+//! AceMQ members, also in `docs/rpc.md`):
+//!
+//! | | value |
+//! |---|---|
+//! | exchange, routing key | `""`, the request's `reply_to`; not mandatory, confirmed |
+//! | `correlation_id` | the request's |
+//! | header `x-acemq-reason` | why, as in the dead-letter queue: `max-attempts`, `rejected`, `panic`, `timeout`, `redelivered`, `transaction-ended`, `consumer-timeout` (more may come: treat an unknown one as an error too) |
+//! | header `x-acemq-error` | the last error's display chain, at most 4 KiB |
+//! | header `x-acemq-attempts` | how many attempts were made (integer) |
+//! | header `x-acemq-queue` | the queue the request was consumed from |
+//! | `content_type`, body | `text/plain; charset=utf-8`, the error text (as `x-acemq-error`) |
+//!
+//! **A reply carrying the `x-acemq-reason` header is an error reply**; a
+//! normal reply never carries it. [`RpcClient`] turns an error reply into
+//! [`RpcError::Rejected`] with the reason and the error text.
 
 mod client;
 mod server;
@@ -74,6 +109,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 
 pub use client::RpcClient;
+pub(crate) use server::send_error_reply;
 pub use server::Responder;
 
 use crate::amqp::publisher::Publisher;
@@ -169,6 +205,20 @@ pub enum RpcError {
     Unroutable {
         /// Where it was sent (`queue` or `exchange/routing key`).
         target: String,
+    },
+    /// The request was dead-lettered: the server sent an error reply (see
+    /// [Error replies](crate::rpc#error-replies)). The request is in the
+    /// server queue's dead-letter queue with the same reason.
+    #[error("the request was dead-lettered ({reason}): {detail}")]
+    #[non_exhaustive]
+    Rejected {
+        /// Why, as the `x-acemq-reason` header says (`rejected`,
+        /// `max-attempts`, `panic`, …; [`Reason::from_header`] reads it).
+        ///
+        /// [`Reason::from_header`]: crate::Reason::from_header
+        reason: String,
+        /// The handler's last error, as the server saw it.
+        detail: String,
     },
     /// No connection, or it was lost while the call waited.
     #[error("the call failed on its connection: {message}")]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq::rpc::{Responder, RpcClient, RpcError, RpcRequest};
-use acemq::{App, BoxError, Delivery};
+use acemq::{App, BoxError, Delivery, Reject};
 use futures::StreamExt;
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -247,6 +247,168 @@ async fn calls_in_flight_when_the_connection_is_closed_each_end_with_a_reply_or_
     }
     assert_eq!(client.waiting(), 0);
     running.drain().await.expect("clean drain");
+    Broker::new()
+        .await
+        .delete(&support::all_queues(&queue))
+        .await;
+}
+
+/// An app serving `queue` on `config` with a [`Responder`] whose handler
+/// does what the body asks: `reject` fails permanently, `fail` fails every
+/// time (transient), anything else is upper-cased. Attempts are counted.
+async fn serve_failing(queue: &str, config: acemq::Config) -> (acemq::Running, Arc<AtomicUsize>) {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let app = App::new(config);
+    let publisher = app.publisher();
+    let count = attempts.clone();
+    let handler = service_fn(move |d: Delivery| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            match &d.body()[..] {
+                b"reject" => Err::<Vec<u8>, BoxError>(Reject::new("not an order: no items").into()),
+                b"fail" => Err("the payment service is down".into()),
+                body => Ok(body.to_ascii_uppercase()),
+            }
+        }
+    });
+    let running = app
+        .consume(queue, Responder::new(publisher, handler))
+        .start()
+        .await
+        .expect("the server starts");
+    (running, attempts)
+}
+
+/// Calls `body` on `queue` with a 30 s deadline; the error and how long
+/// the call took.
+async fn call_expecting_error(
+    client: &RpcClient,
+    queue: &str,
+    body: &[u8],
+) -> (RpcError, Duration) {
+    let started = Instant::now();
+    let e = client
+        .call(RpcRequest::new(
+            "",
+            queue,
+            body.to_vec(),
+            Duration::from_secs(30),
+        ))
+        .await
+        .expect_err("the request is dead-lettered");
+    (e, started.elapsed())
+}
+
+/// Takes the request's copy from `{queue}.dlq` and returns its reason.
+async fn reason_in_dlq(broker: &mut Broker, queue: &str) -> String {
+    let copy = broker
+        .get_within(&format!("{queue}.dlq"), Duration::from_secs(10))
+        .await
+        .expect("the request is in the dead-letter queue");
+    let headers = support::message_headers(&copy.delivery.properties);
+    headers
+        .get("x-acemq-reason")
+        .and_then(|v| v.as_str())
+        .expect("the copy carries its reason")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_request_its_handler_rejects_gets_a_rejected_reply_at_once_and_lands_in_the_dlq() {
+    let queue = unique("rpc-reject");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (running, attempts) = serve_failing(&queue, support::ladder_config(&queue)).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+
+    let (e, took) = call_expecting_error(&client, &queue, b"reject").await;
+    let RpcError::Rejected { reason, detail, .. } = &e else {
+        panic!("not a rejection: {e:?}");
+    };
+    assert_eq!(reason, "rejected");
+    assert!(detail.contains("not an order: no items"), "{detail:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the rejection took {took:?}"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        1,
+        "a permanent failure is not retried"
+    );
+    let mut broker = Broker::new().await;
+    assert_eq!(reason_in_dlq(&mut broker, &queue).await, "rejected");
+
+    // The same client still gets normal replies.
+    let reply = client
+        .call(RpcRequest::new(
+            "",
+            queue.as_str(),
+            b"ok".to_vec(),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("a normal reply");
+    assert_eq!(reply.body(), b"OK");
+    running.drain().await.expect("clean drain");
+    assert_eq!(client.waiting(), 0);
+    assert_eq!(client.late_replies(), 0, "one reply per request");
+    broker.delete(&support::all_queues(&queue)).await;
+}
+
+#[tokio::test]
+async fn a_request_that_exhausts_its_retries_gets_one_reply_the_rejection_after_its_last_attempt() {
+    let queue = unique("rpc-exhaust");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    // Four attempts: one wait in process, then the 400 ms and 800 ms rungs.
+    let (running, attempts) = serve_failing(&queue, support::ladder_config(&queue)).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+
+    let (e, took) = call_expecting_error(&client, &queue, b"fail").await;
+    let RpcError::Rejected { reason, detail, .. } = &e else {
+        panic!("not a rejection: {e:?}");
+    };
+    assert_eq!(reason, "max-attempts");
+    assert!(detail.contains("the payment service is down"), "{detail:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the rejection took {took:?} (deadline 30 s)"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        4,
+        "every attempt ran before the reply"
+    );
+    let mut broker = Broker::new().await;
+    assert_eq!(reason_in_dlq(&mut broker, &queue).await, "max-attempts");
+    // Once the server has drained nothing more can be sent: the failed
+    // attempts before the last sent no reply, so none came late.
+    running.drain().await.expect("clean drain");
+    assert_eq!(client.waiting(), 0);
+    assert_eq!(client.late_replies(), 0, "exactly one reply: the rejection");
+    broker.delete(&support::all_queues(&queue)).await;
+}
+
+#[tokio::test]
+async fn a_rejected_request_on_a_queue_without_dead_lettering_still_gets_its_rejection() {
+    let queue = unique("rpc-no-dlq");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let mut config = support::plain_config(&queue);
+    config.queues[0].dead_letter = false;
+    let (running, attempts) = serve_failing(&queue, config).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+
+    let (e, took) = call_expecting_error(&client, &queue, b"reject").await;
+    assert!(
+        matches!(&e, RpcError::Rejected { reason, .. } if reason == "rejected"),
+        "{e:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the rejection took {took:?}"
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    running.drain().await.expect("clean drain");
+    assert_eq!(client.late_replies(), 0);
     Broker::new()
         .await
         .delete(&support::all_queues(&queue))

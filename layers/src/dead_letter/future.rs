@@ -20,7 +20,7 @@ use crate::delivery::Delivery;
 use crate::error::{display_chain, BoxError, Class, Classify};
 use crate::headers::{Headers, Value};
 use crate::inbox::TransactionEnded;
-use crate::publish::{Outgoing, Publish, PublishError};
+use crate::publish::{ErrorReply, Outgoing, Publish, PublishError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter).
@@ -31,8 +31,9 @@ pin_project! {
     pub struct ResponseFuture<F, P, C> {
         #[pin]
         state: State<F>,
-        // `None` when the layer is disabled (or once used).
-        pending: Option<(Delivery, Arc<Config<P, C>>)>,
+        // `None` when the layer has nothing to do for this delivery (or
+        // once used).
+        pending: Option<Pending<P, C>>,
     }
 }
 
@@ -49,8 +50,18 @@ pin_project! {
     }
 }
 
+/// What the layer keeps of a delivery it may have to act on.
+pub(crate) struct Pending<P, C> {
+    pub(crate) delivery: Delivery,
+    pub(crate) config: Arc<Config<P, C>>,
+    /// `true`: the layer is enabled and publishes the copy. `false`: the
+    /// layer is disabled and the delivery is a request (it carries
+    /// `reply_to`), so only its caller's error reply is sent.
+    pub(crate) copy: bool,
+}
+
 impl<F, P, C> ResponseFuture<F, P, C> {
-    pub(crate) fn new(future: F, pending: Option<(Delivery, Arc<Config<P, C>>)>) -> Self {
+    pub(crate) fn new(future: F, pending: Option<Pending<P, C>>) -> Self {
         ResponseFuture {
             state: State::Inner { future },
             pending,
@@ -72,9 +83,26 @@ where
             match this.state.as_mut().project() {
                 StateProj::Inner { future } => {
                     let result = ready!(future.poll(cx));
-                    let Some((delivery, config)) = this.pending.take() else {
+                    let Some(Pending {
+                        delivery,
+                        config,
+                        copy,
+                    }) = this.pending.take()
+                    else {
                         return Poll::Ready(result);
                     };
+                    if !copy {
+                        // Disabled: the loop rejects what is dead-lettered;
+                        // a request's caller still hears why.
+                        let future = match result {
+                            Ok(Decision::DeadLetter(d)) if !d.published => {
+                                Box::pin(reply_only(delivery, config, d))
+                            }
+                            other => return Poll::Ready(other),
+                        };
+                        this.state.set(State::Publishing { future });
+                        continue;
+                    }
                     let decision = match result {
                         Ok(Decision::DeadLetter(d)) if !d.published => d,
                         Err(error) => {
@@ -113,8 +141,8 @@ impl<F, P, C> fmt::Debug for ResponseFuture<F, P, C> {
         };
         let mut d = f.debug_struct("ResponseFuture");
         d.field("state", &state);
-        if let Some((delivery, _)) = &self.pending {
-            d.field("queue", &delivery.queue());
+        if let Some(pending) = &self.pending {
+            d.field("queue", &pending.delivery.queue());
         }
         d.finish()
     }
@@ -200,7 +228,39 @@ async fn publish<P: Publish, C>(
             );
         }
     }
+    reply(&delivery, &config.publisher, &decision).await;
     Decision::DeadLetter(decision)
+}
+
+/// A disabled layer's only work: the error reply to a request's caller.
+async fn reply_only<P: Publish, C>(
+    delivery: Delivery,
+    config: Arc<Config<P, C>>,
+    mut decision: DeadLetterDecision,
+) -> Decision {
+    if !delivery.is_orphaned() {
+        truncate(&mut decision.error, MAX_ERROR_LEN);
+        reply(&delivery, &config.publisher, &decision).await;
+    }
+    Decision::DeadLetter(decision)
+}
+
+/// Sends the error reply if the delivery is a request (it carries
+/// `reply_to` and a `correlation_id`); a failure is logged, never the
+/// delivery's: the request is settled as decided either way.
+async fn reply<P: Publish>(delivery: &Delivery, publisher: &P, decision: &DeadLetterDecision) {
+    let Some(reply) = ErrorReply::of(delivery, decision) else {
+        return;
+    };
+    let reply_to = reply.reply_to;
+    if let Err(e) = publisher.reply_error(reply).await {
+        tracing::warn!(
+            queue = %delivery.queue(),
+            reply_to,
+            reason = %decision.reason,
+            "could not send the dead-lettered request's error reply ({e}); its caller waits until its deadline"
+        );
+    }
 }
 
 /// The original headers plus the five dead-letter headers.

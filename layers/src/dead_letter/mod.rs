@@ -29,9 +29,22 @@
 //! loop rejects the delivery without requeue so the queue's own dead-letter
 //! exchange takes it (without the reason headers).
 //!
+//! A delivery that is a request — it carries a non-empty `reply_to` and a
+//! `correlation_id` — has a caller waiting for its answer. Once the copy is
+//! in the dead-letter queue (or could not be put there), and before the
+//! decision is returned (so before the request is acknowledged or
+//! rejected), the layer sends that caller an error reply through
+//! [`Publish::reply_error`] carrying the reason, so the caller does not wait
+//! out its deadline for a message that is gone. Sending it is the only
+//! extra work, and only for a request that is dead-lettered; a failure to
+//! send it is logged and changes nothing else. The reply's wire format is
+//! `acemq::rpc`'s.
+//!
 //! Every other decision passes through untouched, without allocation. A
 //! disabled layer ([`DeadLetterLayer::enabled`]`(false)`, for a queue with
-//! `dead_letter: false`) passes everything through.
+//! `dead_letter: false`) passes everything through, save that a request
+//! decided [`Decision::DeadLetter`] still gets its error reply (the loop
+//! then rejects it as usual).
 //!
 //! # Example
 //!
@@ -88,6 +101,7 @@
 //! [`DefaultClassifier`]: crate::DefaultClassifier
 //! [`Reject`]: crate::Reject
 //! [`Publish::redeclare`]: crate::Publish::redeclare
+//! [`Publish::reply_error`]: crate::Publish::reply_error
 
 pub mod future;
 mod layer;

@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
-use super::future::ResponseFuture;
+use super::future::{Pending, ResponseFuture};
 use super::layer::DeadLetterLayer;
 use crate::decision::Decision;
 use crate::delivery::Delivery;
@@ -82,12 +82,14 @@ where
     }
 
     fn call(&mut self, delivery: Delivery) -> Self::Future {
-        if self.enabled {
-            let kept = delivery.clone();
-            ResponseFuture::new(self.inner.call(delivery), Some((kept, self.config.clone())))
-        } else {
-            ResponseFuture::new(self.inner.call(delivery), None)
-        }
+        // Disabled, a delivery is kept only if it is a request whose caller
+        // is owed an error reply should it be dead-lettered.
+        let pending = (self.enabled || delivery.properties().reply_to.is_some()).then(|| Pending {
+            delivery: delivery.clone(),
+            config: self.config.clone(),
+            copy: self.enabled,
+        });
+        ResponseFuture::new(self.inner.call(delivery), pending)
     }
 }
 

@@ -7,7 +7,7 @@ use std::future::{ready, Future};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use acemq_layers::{Headers, Outgoing, Properties, Publish, PublishError};
+use acemq_layers::{ErrorReply, Headers, Outgoing, Properties, Publish, PublishError};
 use bytes::Bytes;
 
 /// A publish the fake accepted.
@@ -29,6 +29,8 @@ pub struct BrokerState {
     /// Unroutable until `redeclare` is called for it.
     pub missing: HashSet<String>,
     pub nacking: HashSet<String>,
+    /// Error replies sent: (reply_to, correlation_id, reason, error).
+    pub replies: Vec<(String, String, String, String)>,
 }
 
 /// Records every publish; queues can be unroutable, missing until
@@ -60,6 +62,9 @@ impl FakePublisher {
     pub fn redeclared(&self) -> Vec<String> {
         self.0.lock().unwrap().redeclared.clone()
     }
+    pub fn replies(&self) -> Vec<(String, String, String, String)> {
+        self.0.lock().unwrap().replies.clone()
+    }
 }
 
 impl Publish for FakePublisher {
@@ -90,6 +95,22 @@ impl Publish for FakePublisher {
         let mut s = self.0.lock().unwrap();
         s.redeclared.push(queue.to_owned());
         s.missing.remove(queue);
+        ready(Ok(()))
+    }
+
+    fn reply_error(
+        &self,
+        reply: ErrorReply<'_>,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        let mut s = self.0.lock().unwrap();
+        // In `attempted` too, so a test sees its place among the publishes.
+        s.attempted.push(format!("reply:{}", reply.reply_to));
+        s.replies.push((
+            reply.reply_to.to_owned(),
+            reply.correlation_id.to_owned(),
+            reply.decision.reason.as_str().to_owned(),
+            reply.decision.error.clone(),
+        ));
         ready(Ok(()))
     }
 }
