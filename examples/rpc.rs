@@ -8,10 +8,14 @@
 //! The server upper-cases each request's body and replies before the
 //! request is acknowledged ([`acemq::rpc::Responder`]); the client is
 //! [`acemq::rpc::RpcClient`], a `tower::Service`, called through
-//! `tower::ServiceExt` with a 5 s deadline per call. `AMQP_ADDR` names the
-//! broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`); the queue
-//! `rpc.requests` is declared by the server. `--log-format json` writes the
-//! log lines as JSON.
+//! `tower::ServiceExt` with a 5 s deadline per call. A call that fails
+//! prints its typed error: a request the server dead-letters ends at once
+//! as `the request was dead-lettered (rejected): …`
+//! ([`acemq::rpc::RpcError::Rejected`], the reason as in the dead-letter
+//! queue), not at its deadline. `AMQP_ADDR` names the broker (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`); the queue `rpc.requests` is
+//! declared by the server. `--log-format json` writes the log lines as
+//! JSON.
 //!
 //! Exit codes: the server's are the drain's (0 clean); the client's are 0
 //! when every call was answered, 1 when some were not, 64 bad usage, 69 no

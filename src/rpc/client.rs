@@ -36,12 +36,18 @@ struct Inner {
     connection: watch::Receiver<Option<Arc<Connection>>>,
     /// How long a call waits for a connection.
     wait: Duration,
-    /// The channel that publishes requests and consumes their replies.
-    channel: tokio::sync::Mutex<Option<Channel>>,
+    /// The channel that publishes requests and consumes their replies
+    /// (behind an `Arc`: a call takes one reference, not a clone of each of
+    /// lapin's handles).
+    channel: Mutex<Option<Arc<Channel>>>,
+    /// Held while a channel is opened, so calls open one, not one each.
+    opening: tokio::sync::Mutex<()>,
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     prefix: String,
     late: Arc<AtomicU64>,
+    /// Requests published mandatory with a confirm awaited.
+    confirm: bool,
 }
 
 impl std::fmt::Debug for RpcClient {
@@ -71,13 +77,39 @@ impl RpcClient {
             inner: Arc::new(Inner {
                 connection,
                 wait,
-                channel: tokio::sync::Mutex::new(None),
+                channel: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
                 pending: Arc::new(Mutex::new(HashMap::new())),
                 next_id: AtomicU64::new(1),
                 prefix: format!("acemq-rpc-{:x}-", fastrand::u64(..)),
                 late: Arc::new(AtomicU64::new(0)),
+                confirm: true,
             }),
         }
+    }
+
+    /// Whether requests are published **mandatory with a confirm** (the
+    /// default, `true`): an unroutable request fails at once with
+    /// [`RpcError::Unroutable`], one the broker refuses with
+    /// [`RpcError::ConnectionLost`]. With `false` a request is published
+    /// without a confirm and not mandatory: one frame less each way per
+    /// call and no wait for the confirm (`benches/rpc.rs` measures both),
+    /// but a request no queue takes is dropped by the broker and its call
+    /// ends at its deadline with [`RpcError::Timeout`].
+    ///
+    /// Set it on a client before its first call; clones made before keep
+    /// the setting they had (the result shares nothing with them).
+    pub fn confirm_requests(self, on: bool) -> Self {
+        if self.inner.confirm == on {
+            return self;
+        }
+        let wait = self.inner.wait;
+        let connection = self.inner.connection.clone();
+        let mut fresh = RpcClient::on(connection, wait);
+        Arc::get_mut(&mut fresh.inner)
+            .expect("a client just built is not shared")
+            .confirm = on;
+        fresh
     }
 
     /// Calls waiting for their reply.
@@ -104,48 +136,51 @@ impl RpcClient {
             self.inner.next_id.fetch_add(1, Ordering::Relaxed)
         );
         let (tx, rx) = oneshot::channel();
-        let guard = PendingGuard {
+        let mut guard = PendingGuard {
             pending: &self.inner.pending,
             id: &id,
+            answered: false,
         };
-        let until = tokio::time::Instant::now() + deadline;
-        let sent = tokio::time::timeout_at(until, async {
+        let answered = &mut guard.answered;
+        // One timer for the whole call: the send and the wait for the reply.
+        let call = async {
             let channel = self.channel().await?;
             self.inner
                 .pending
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id.clone(), tx);
-            publish(&channel, &request, &id).await
-        })
-        .await;
-        match sent {
-            Err(_) => return Err(RpcError::Timeout { after: deadline }),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(())) => {}
-        }
-        let result = match tokio::time::timeout_at(until, rx).await {
-            Err(_) => Err(RpcError::Timeout { after: deadline }),
-            Ok(Err(_)) => Err(RpcError::ConnectionLost {
-                message: "the reply consumer ended before the reply came".to_owned(),
-            }),
-            Ok(Ok(reply)) => reply,
+            publish(&channel, &request, &id, self.inner.confirm).await?;
+            let reply = rx.await;
+            // The reply router took the entry out (to answer, or to fail
+            // every waiting call).
+            *answered = true;
+            match reply {
+                Ok(reply) => reply,
+                Err(_) => Err(RpcError::ConnectionLost {
+                    message: "the reply consumer ended before the reply came".to_owned(),
+                }),
+            }
         };
+        let result = tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or(Err(RpcError::Timeout { after: deadline }));
         drop(guard);
         result
     }
 
     /// The live channel, opening one (with its reply consumer) when there
     /// is none or it closed.
-    async fn channel(&self) -> Result<Channel, RpcError> {
-        let mut live = self.inner.channel.lock().await;
-        if let Some(ch) = live.as_ref() {
-            if ch.status().connected() {
-                return Ok(ch.clone());
-            }
+    async fn channel(&self) -> Result<Arc<Channel>, RpcError> {
+        if let Some(ch) = self.live_channel() {
+            return Ok(ch);
+        }
+        let _opening = self.inner.opening.lock().await;
+        if let Some(ch) = self.live_channel() {
+            return Ok(ch);
         }
         let conn = self.connection().await?;
-        let channel = open(&conn).await.map_err(transport)?;
+        let channel = open(&conn, self.inner.confirm).await.map_err(transport)?;
         let consumer = channel
             .basic_consume(
                 REPLY_TO.into(),
@@ -163,8 +198,20 @@ impl RpcClient {
             self.inner.pending.clone(),
             self.inner.late.clone(),
         ));
-        *live = Some(channel.clone());
+        let channel = Arc::new(channel);
+        *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = Some(channel.clone());
         Ok(channel)
+    }
+
+    /// The channel, if it is open.
+    fn live_channel(&self) -> Option<Arc<Channel>> {
+        self.inner
+            .channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|ch| ch.status().connected())
+            .cloned()
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, RpcError> {
@@ -181,26 +228,31 @@ impl RpcClient {
     }
 }
 
-/// Removes a call's entry however the call ends (reply, timeout, or the
+/// Removes a call's entry however the call ends (timeout, an error, or the
 /// caller dropping the future), so a late reply finds nothing and is
-/// counted.
+/// counted; nothing to do once the reply router has taken it out.
 struct PendingGuard<'a> {
     pending: &'a Mutex<Pending>,
     id: &'a str,
+    answered: bool,
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(self.id);
+        if !self.answered {
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(self.id);
+        }
     }
 }
 
-async fn open(conn: &Connection) -> lapin::Result<Channel> {
+async fn open(conn: &Connection, confirm: bool) -> lapin::Result<Channel> {
     let ch = conn.create_channel().await?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    if confirm {
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    }
     Ok(ch)
 }
 
@@ -210,11 +262,21 @@ fn transport(e: lapin::Error) -> RpcError {
     }
 }
 
-async fn publish(channel: &Channel, request: &RpcRequest, id: &str) -> Result<(), RpcError> {
-    let target = if request.exchange.is_empty() {
-        request.routing_key.clone()
-    } else {
-        format!("{}/{}", request.exchange, request.routing_key)
+/// Publishes the request; with `confirm`, mandatory and its confirm
+/// awaited (without, lapin resolves the confirm as not requested: a
+/// mandatory return would have nowhere to go, so it is not mandatory).
+async fn publish(
+    channel: &Channel,
+    request: &RpcRequest,
+    id: &str,
+    confirm: bool,
+) -> Result<(), RpcError> {
+    let target = || {
+        if request.exchange.is_empty() {
+            request.routing_key.clone()
+        } else {
+            format!("{}/{}", request.exchange, request.routing_key)
+        }
     };
     let ms = request.timeout.as_millis().max(1);
     let properties: BasicProperties = request
@@ -228,7 +290,7 @@ async fn publish(channel: &Channel, request: &RpcRequest, id: &str) -> Result<()
             request.exchange.as_str().into(),
             request.routing_key.as_str().into(),
             BasicPublishOptions {
-                mandatory: true,
+                mandatory: confirm,
                 ..BasicPublishOptions::default()
             },
             &request.body,
@@ -241,10 +303,13 @@ async fn publish(channel: &Channel, request: &RpcRequest, id: &str) -> Result<()
     match confirm {
         Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
         Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
-            Err(RpcError::Unroutable { target })
+            Err(RpcError::Unroutable { target: target() })
         }
         Confirmation::Nack(None) => Err(RpcError::ConnectionLost {
-            message: format!("the broker refused the request to {target} (a negative confirm)"),
+            message: format!(
+                "the broker refused the request to {} (a negative confirm)",
+                target()
+            ),
         }),
     }
 }
@@ -264,12 +329,7 @@ async fn route_replies(
                 break;
             }
         };
-        let Some(id) = delivery
-            .properties
-            .correlation_id()
-            .as_ref()
-            .map(|s| s.to_string())
-        else {
+        let Some(id) = delivery.properties.correlation_id().as_ref() else {
             late.fetch_add(1, Ordering::Relaxed);
             debug!("a reply without a correlation id, dropped");
             continue;
@@ -277,7 +337,7 @@ async fn route_replies(
         let tx = pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+            .remove(id.as_str());
         match tx {
             Some(tx) => {
                 let _ = tx.send(match rejection(&delivery) {
