@@ -41,9 +41,14 @@
 //!   deadline as its `expiration` (a request nobody takes in time expires
 //!   in the queue instead of being handled for a caller who has gone). An
 //!   unroutable request fails at once with [`RpcError::Unroutable`], not
-//!   at its deadline.
+//!   at its deadline. [`RpcClient::confirm_requests`]`(false)` publishes
+//!   without the confirm (and so not mandatory): the throughput of a plain
+//!   lapin client that does not confirm, and an unroutable request then
+//!   ends at its deadline.
 //! - The reply comes back on the same channel (direct reply-to: no queue is
-//!   declared). No reply by the deadline: [`RpcError::Timeout`]; a reply
+//!   declared). An error reply (the request was dead-lettered, see
+//!   [Error replies](#error-replies)): [`RpcError::Rejected`] with the
+//!   reason. No reply by the deadline: [`RpcError::Timeout`]; a reply
 //!   arriving later is dropped and counted
 //!   ([`RpcClient::late_replies`], metric `acemq.rpc.late_replies`).
 //! - The connection or channel lost while calls wait: each of them fails at

@@ -414,3 +414,43 @@ async fn a_rejected_request_on_a_queue_without_dead_lettering_still_gets_its_rej
         .delete(&support::all_queues(&queue))
         .await;
 }
+
+#[tokio::test]
+async fn a_client_without_confirms_gets_its_replies_and_an_unroutable_call_ends_at_its_deadline() {
+    let queue = unique("rpc-unconfirmed");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (running, handled) = serve(&queue, Duration::ZERO, 4).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+    let client = client.confirm_requests(false);
+    for i in 0..20 {
+        let reply = client
+            .call(RpcRequest::new(
+                "",
+                queue.as_str(),
+                format!("u{i}").into_bytes(),
+                Duration::from_secs(10),
+            ))
+            .await
+            .expect("a reply");
+        assert_eq!(reply.body(), format!("U{i}").as_bytes());
+    }
+    assert_eq!(handled.load(Ordering::Relaxed), 20);
+    let started = Instant::now();
+    let e = client
+        .call(RpcRequest::new(
+            "",
+            unique("rpc-nobody-home").as_str(),
+            b"x".to_vec(),
+            Duration::from_millis(400),
+        ))
+        .await
+        .expect_err("no such queue");
+    assert!(matches!(e, RpcError::Timeout { .. }), "{e:?}");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(client.waiting(), 0);
+    running.drain().await.expect("clean drain");
+    Broker::new()
+        .await
+        .delete(&support::all_queues(&queue))
+        .await;
+}
