@@ -41,6 +41,7 @@ pub mod outbox;
 pub mod rpc;
 pub mod settle;
 pub mod stack;
+mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 

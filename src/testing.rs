@@ -51,6 +51,7 @@
 //! retried, where, with which headers, dead-lettered with which reason —
 //! answered without a broker, by the stack that runs in production.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -115,26 +116,18 @@ impl RecordingPublisher {
     /// rule, a queue the topology declares confirms and any other is
     /// unroutable, as on a broker.
     pub fn answer(&self, prefix: &str, mode: PublishMode) {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .modes
-            .push((prefix.to_owned(), mode));
+        self.inner.locked().modes.push((prefix.to_owned(), mode));
     }
 
     /// Every copy published so far (confirmed or not).
     pub fn published(&self) -> Vec<Published> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .published
-            .clone()
+        self.inner.locked().published.clone()
     }
 }
 
 impl Publish for RecordingPublisher {
     async fn publish(&self, message: Outgoing<'_>) -> Result<(), PublishError> {
-        let mut r = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.inner.locked();
         let mode = r
             .modes
             .iter()
@@ -252,14 +245,11 @@ impl<H: Service<Delivery>> Service<Delivery> for Recording<H> {
     }
 
     fn call(&mut self, d: Delivery) -> Self::Future {
-        let start = *self.start.lock().unwrap_or_else(|p| p.into_inner());
-        self.calls
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Attempt {
-                attempt: d.attempt(),
-                at: start.elapsed(),
-            });
+        let start = *self.start.locked();
+        self.calls.locked().push(Attempt {
+            attempt: d.attempt(),
+            at: start.elapsed(),
+        });
         self.inner.call(d)
     }
 }
@@ -331,11 +321,7 @@ impl TestQueue {
         <O::Service as Service<Delivery>>::Future: Send + 'static,
     {
         let publisher = RecordingPublisher::default();
-        publisher
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .known = Some(
+        publisher.inner.locked().known = Some(
             crate::amqp::topology::Topology::for_queue(&queue)
                 .into_iter()
                 .map(|d| d.name)
@@ -446,8 +432,8 @@ impl TestQueue {
 
     /// Runs `delivery` through the stack to its end and reports its fate.
     pub async fn deliver(&mut self, delivery: Delivery) -> Report {
-        *self.start.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.start.locked() = tokio::time::Instant::now();
+        self.calls.locked().clear();
         let before = self.publisher.published().len();
         let decision = match self.service.ready().await {
             Ok(svc) => svc.call(delivery).await,
@@ -458,7 +444,7 @@ impl TestQueue {
         let fate = fate(&decision, &published);
         Report {
             fate,
-            attempts: self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            attempts: self.calls.locked().clone(),
             published,
             decision,
         }

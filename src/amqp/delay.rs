@@ -58,6 +58,7 @@
 //! cannot be combined with a delay (the broker removes it on the hop) and
 //! is refused.
 
+use crate::sync::Locked;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -128,24 +129,15 @@ pub(crate) struct Declared {
 
 impl Declared {
     fn has(&self, queue: &str) -> bool {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(queue)
+        self.buckets.locked().contains(queue)
     }
 
     fn insert(&self, queue: String) {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(queue);
+        self.buckets.locked().insert(queue);
     }
 
     fn forget(&self, queue: &str) {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(queue);
+        self.buckets.locked().remove(queue);
     }
 }
 

@@ -22,6 +22,7 @@
 //! `rabbitmqctl set_policy` command that gives it a limit. It is never a
 //! startup error.
 
+use crate::sync::Locked;
 use std::collections::BTreeSet;
 use std::sync::{Mutex, OnceLock};
 
@@ -119,8 +120,7 @@ pub(crate) fn warn_once(queue: &str, current: Option<i64>, wanted: Wanted) {
     static WARNED: OnceLock<Mutex<BTreeSet<String>>> = OnceLock::new();
     let first = WARNED
         .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .locked()
         .insert(queue.to_owned());
     if !first {
         return;

@@ -37,6 +37,7 @@
 //! # }
 //! ```
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -93,7 +94,7 @@ impl Publisher {
         let channel = confirm_channel(&connection).await?;
         let (_tx, rx) = watch::channel(Some(connection));
         let p = Publisher::detached(rx, Duration::from_secs(10));
-        *p.inner.channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
+        *p.inner.channel.locked() = Some(channel);
         p.set_topology(topology);
         Ok(p)
     }
@@ -207,19 +208,14 @@ impl Publisher {
     }
 
     async fn usable_channel(&self, conn: &Connection) -> Result<Channel, lapin::Error> {
-        let current = self
-            .inner
-            .channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let current = self.inner.channel.locked().clone();
         if let Some(ch) = current {
             if ch.status().connected() {
                 return Ok(ch);
             }
         }
         let fresh = confirm_channel(conn).await?;
-        *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = Some(fresh.clone());
+        *self.inner.channel.locked() = Some(fresh.clone());
         Ok(fresh)
     }
 
@@ -352,22 +348,13 @@ impl Publisher {
 
     /// Forgets the publisher's channel (the runner closes the connection).
     pub(crate) fn close(&self) {
-        self.inner
-            .channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.inner.channel.locked().take();
     }
 
     /// Closes the publisher's channel (the drain, before it closes the
     /// publishing connection).
     pub(crate) async fn shut(&self) {
-        let ch = self
-            .inner
-            .channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let ch = self.inner.channel.locked().take();
         if let Some(ch) = ch {
             if ch.status().connected() {
                 let _ = tokio::time::timeout(super::CLOSE_BOUND, ch.close(200, "OK".into())).await;

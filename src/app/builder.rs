@@ -2,6 +2,7 @@
 //! the connection settings and the background publishers; [`App::start`]
 //! (in `start`) turns it into a [`Running`](crate::Running).
 
+use crate::sync::Locked;
 use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -254,7 +255,7 @@ impl App {
         // the starter `Sync` without asking it of the handler or the layers.
         let parts = std::sync::Mutex::new((handler, stack));
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
-            let guard = parts.lock().unwrap_or_else(|p| p.into_inner());
+            let guard = parts.locked();
             let (handler, stack) = &*guard;
             let service = crate::stack::build(ctx.stack_parts(), stack, handler.clone());
             drop(guard);

@@ -7,6 +7,7 @@
 //! probe: a draining instance is alive and finishing work, and restarting it
 //! would kill exactly the handlers the drain is waiting for.
 
+use crate::sync::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -219,7 +220,7 @@ impl Health {
             ConnectionRole::Consumer => 0,
             ConnectionRole::Publisher => 1,
         };
-        self.inner.brokers.lock().unwrap_or_else(|p| p.into_inner())[i] = broker;
+        self.inner.brokers.locked()[i] = broker;
     }
 
     pub(crate) fn set_blocked(&self, role: ConnectionRole, blocked: bool) {
@@ -334,12 +335,7 @@ impl Health {
             .collect();
         // One lock, released here: a guard in a field of the literal below
         // would live to the end of it, and a second `lock()` deadlock.
-        let [broker, publisher_broker] = self
-            .inner
-            .brokers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let [broker, publisher_broker] = self.inner.brokers.locked().clone();
         HealthSnapshot {
             ready: self.is_ready(),
             connected: self.inner.connected.load(Ordering::Acquire),

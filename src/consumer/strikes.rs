@@ -28,6 +28,7 @@
 //! this process's: with two instances, a struck message may come back to
 //! the other one, which starts counting afresh.
 
+use crate::sync::Locked;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,7 +161,7 @@ impl Strikes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Nothing remembered (no lookup needed).

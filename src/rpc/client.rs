@@ -1,5 +1,6 @@
 //! The calling side: a `tower::Service` over direct reply-to.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -114,11 +115,7 @@ impl RpcClient {
 
     /// Calls waiting for their reply.
     pub fn waiting(&self) -> usize {
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.inner.pending.locked().len()
     }
 
     /// Replies that arrived after their call had ended (timed out or
@@ -145,11 +142,7 @@ impl RpcClient {
         // One timer for the whole call: the send and the wait for the reply.
         let call = async {
             let channel = self.channel().await?;
-            self.inner
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id.clone(), tx);
+            self.inner.pending.locked().insert(id.clone(), tx);
             publish(&channel, &request, &id, self.inner.confirm).await?;
             let reply = rx.await;
             // The reply router took the entry out (to answer, or to fail
@@ -199,7 +192,7 @@ impl RpcClient {
             self.inner.late.clone(),
         ));
         let channel = Arc::new(channel);
-        *self.inner.channel.lock().unwrap_or_else(|p| p.into_inner()) = Some(channel.clone());
+        *self.inner.channel.locked() = Some(channel.clone());
         Ok(channel)
     }
 
@@ -207,8 +200,7 @@ impl RpcClient {
     fn live_channel(&self) -> Option<Arc<Channel>> {
         self.inner
             .channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .as_ref()
             .filter(|ch| ch.status().connected())
             .cloned()
@@ -240,10 +232,7 @@ struct PendingGuard<'a> {
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(self.id);
+            self.pending.locked().remove(self.id);
         }
     }
 }
@@ -334,10 +323,7 @@ async fn route_replies(
             debug!("a reply without a correlation id, dropped");
             continue;
         };
-        let tx = pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id.as_str());
+        let tx = pending.locked().remove(id.as_str());
         match tx {
             Some(tx) => {
                 let _ = tx.send(match rejection(&delivery) {
@@ -352,11 +338,7 @@ async fn route_replies(
             }
         }
     }
-    let waiting: Vec<_> = pending
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain()
-        .collect();
+    let waiting: Vec<_> = pending.locked().drain().collect();
     for (_, tx) in waiting {
         let _ = tx.send(Err(RpcError::ConnectionLost {
             message: "the connection or channel was lost while the call waited for its reply; it may or may not have been handled".to_owned(),

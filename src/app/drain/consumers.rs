@@ -1,6 +1,7 @@
 //! What the drain does on every queue's consumer at once: `basic.cancel`,
 //! then `channel.close`; and what a consumer loop still held.
 
+use crate::sync::Locked;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -41,8 +42,7 @@ pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
                 Err(_) => format!("{}: the broker never answered basic.cancel", q.name),
             };
             unanswered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .locked()
                 .push(why);
         }
     }));

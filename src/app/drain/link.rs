@@ -2,6 +2,7 @@
 //! generation ([`Link`]), and the publishers outside handlers
 //! ([`Background`]).
 
+use crate::sync::Locked;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -49,20 +50,11 @@ impl Link {
     }
 
     pub(super) fn current(&self, role: ConnectionRole) -> Option<Arc<Connection>> {
-        self.connection(role)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.connection(role).locked().clone()
     }
 
     pub(crate) fn queues(&self) -> Vec<QueueHandle> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .flatten()
-            .cloned()
-            .collect()
+        self.queues.locked().iter().flatten().cloned().collect()
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`Drain`] and its run, in the module docs' numbered steps: one named
 //! step each.
 
+use crate::sync::Locked;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -183,7 +184,7 @@ impl Drain {
     fn last_generations(&self) -> Vec<QueueHandle> {
         // No new generation starts after this read (the runners check
         // `intake` under the same lock).
-        let guard = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self.link.queues.locked();
         self.intake.cancel();
         guard.iter().flatten().cloned().collect::<Vec<_>>()
     }

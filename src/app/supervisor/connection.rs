@@ -1,6 +1,7 @@
 //! A connection's supervisor: watches one of the two connections and, when
 //! it is lost, reopens it with capped, jittered backoff.
 
+use crate::sync::Locked;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,11 +147,7 @@ async fn reconnect(shared: &Shared, conn: &Conn, consuming: bool) -> Next {
                     let _ = c.close(200, "OK".into()).await;
                     return Next::Stop;
                 }
-                *shared
-                    .link
-                    .connection(role)
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+                *shared.link.connection(role).locked() = Some(c.clone());
                 conn.tx.send_replace(Some(c));
                 shared.health.set_connected(role, true);
                 shared.health.set_broker(role, Some(broker.clone()));

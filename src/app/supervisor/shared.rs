@@ -2,6 +2,7 @@
 //! each queue's long-lived parts, and how a generation is opened and
 //! installed.
 
+use crate::sync::Locked;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -165,7 +166,7 @@ impl Shared {
         // not take the runner down with it.
         let fut: LoopFuture = panic::catch_unwind(AssertUnwindSafe(|| (slot.starter)(ctx)))
             .map_err(|p| panic_message(&*p))?;
-        let mut queues = self.link.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queues = self.link.queues.locked();
         if self.intake.is_cancelled() {
             return Ok(None);
         }
