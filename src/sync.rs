@@ -5,7 +5,7 @@
 //! snapshot, a list of queues), so what a panicking holder left is never
 //! half-written, and refusing it would only turn one panic into many.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// [`Mutex::lock`], recovering the guard from a poisoned lock.
 pub(crate) trait Locked<T: ?Sized> {
@@ -16,5 +16,24 @@ pub(crate) trait Locked<T: ?Sized> {
 impl<T: ?Sized> Locked<T> for Mutex<T> {
     fn locked(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// [`RwLock::read`] and [`RwLock::write`], recovering the guard from a
+/// poisoned lock.
+pub(crate) trait RwLocked<T: ?Sized> {
+    /// The read guard, poisoned or not.
+    fn read_locked(&self) -> RwLockReadGuard<'_, T>;
+    /// The write guard, poisoned or not.
+    fn write_locked(&self) -> RwLockWriteGuard<'_, T>;
+}
+
+impl<T: ?Sized> RwLocked<T> for RwLock<T> {
+    fn read_locked(&self) -> RwLockReadGuard<'_, T> {
+        self.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_locked(&self) -> RwLockWriteGuard<'_, T> {
+        self.write().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -7,7 +7,7 @@
 //! probe: a draining instance is alive and finishing work, and restarting it
 //! would kill exactly the handlers the drain is waiting for.
 
-use crate::sync::Locked;
+use crate::sync::{Locked, RwLocked};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -159,8 +159,7 @@ impl Health {
             && !self
                 .inner
                 .queues
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
+                .read_locked()
                 .iter()
                 .any(|q| q.stats.down.load(Ordering::Acquire))
     }
@@ -238,30 +237,21 @@ impl Health {
     }
 
     pub(crate) fn add_queue(&self, name: &str, gate: PauseHandle, stats: Arc<QueueStats>) {
-        self.inner
-            .queues
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(QueueEntry {
-                name: name.to_owned(),
-                gate,
-                stats,
-            });
+        self.inner.queues.write_locked().push(QueueEntry {
+            name: name.to_owned(),
+            gate,
+            stats,
+        });
     }
 
     fn read_queues(&self) -> Vec<QueueEntry> {
-        self.inner
-            .queues
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.queues.read_locked().clone()
     }
 
     fn gate(&self, queue: &str) -> Result<PauseHandle, UnknownQueue> {
         self.inner
             .queues
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .read_locked()
             .iter()
             .find(|q| q.name == queue)
             .map(|q| q.gate.clone())
