@@ -160,6 +160,52 @@ where
     }
 }
 
+/// What acemq asks of a handler — your service with your inner layers
+/// around it: a `tower::Service<Delivery>` that is `Clone + Send +
+/// 'static`, whose future is `Send + 'static`, whose error converts into
+/// [`BoxError`] and whose response into a
+/// [`Verdict`](acemq_layers::Verdict) (`()` is `Ack`). Every such service
+/// has it; you never implement it.
+pub trait Handler:
+    Service<
+        Delivery,
+        Error: Into<BoxError>,
+        Future: Send + 'static,
+        Response: acemq_layers::IntoVerdict + Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Handler for S
+where
+    S: Service<Delivery> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    S::Response: acemq_layers::IntoVerdict + Send + 'static,
+{
+}
+
+/// What acemq asks of the whole stack with your outer layers around it: a
+/// `tower::Service<Delivery>` answering the final [`Outcome`], `Clone +
+/// Send + 'static`, its future `Send + 'static`. (Its error must also
+/// convert into [`BoxError`] — `BoxError: From<Error>`, which a supertrait
+/// cannot say, so the methods that take your layers state it beside this
+/// bound; an outer layer's error hands the delivery back.) Every such
+/// service has it; you never implement it.
+pub trait OuterService:
+    Service<Delivery, Response = Outcome, Future: Send + 'static> + Clone + Send + 'static
+{
+}
+
+impl<S> OuterService for S
+where
+    S: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+}
+
 /// Your layers and choices for one queue's stack: layers outside the
 /// acemq stack (seeing the final [`Outcome`]) and around the handler
 /// (seeing each attempt), and the queue's own classifier and retry policy.
@@ -313,19 +359,15 @@ where
     P: Publish,
     C: Classify + Clone,
     I: Layer<H>,
-    I::Service: Service<Delivery> + Clone + Send + 'static,
-    <I::Service as Service<Delivery>>::Error: Into<BoxError>,
-    <I::Service as Service<Delivery>>::Future: Send + 'static,
-    <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+    I::Service: Handler,
     O: Layer<
         tower::util::MapResult<
             Attempts<H, I, P, C>,
             fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>,
         >,
     >,
-    O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+    O::Service: OuterService,
     BoxError: From<<O::Service as Service<Delivery>>::Error>,
-    <O::Service as Service<Delivery>>::Future: Send + 'static,
 {
     let q = parts.queue;
     let policy = stack.policy.clone().unwrap_or_else(|| q.policy());

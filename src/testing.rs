@@ -66,7 +66,7 @@ use tower::util::BoxService;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::config::QueueConfig;
-use crate::stack::{Attempts, Outcome, Parts, QueueStack};
+use crate::stack::{Attempts, Parts, QueueStack};
 
 mod message;
 pub use message::TestMessage;
@@ -306,19 +306,15 @@ impl TestQueue {
         H::Response: acemq_layers::IntoVerdict + Send + 'static,
         C: Classify + Clone,
         I: Layer<Recording<H>>,
-        I::Service: Service<Delivery> + Clone + Send + 'static,
-        <I::Service as Service<Delivery>>::Error: Into<BoxError>,
-        <I::Service as Service<Delivery>>::Future: Send + 'static,
-        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+        I::Service: crate::stack::Handler,
         O: Layer<
             tower::util::MapResult<
                 Attempts<Recording<H>, I, RecordingPublisher, C>,
                 crate::stack::Sealer,
             >,
         >,
-        O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+        O::Service: crate::stack::OuterService,
         BoxError: From<<O::Service as Service<Delivery>>::Error>,
-        <O::Service as Service<Delivery>>::Future: Send + 'static,
     {
         let publisher = RecordingPublisher::default();
         publisher.inner.locked().known = Some(

@@ -18,7 +18,7 @@ use crate::amqp::connection::{ConnectRequest, ConnectionFactory};
 use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
 use crate::config::Config;
-use crate::stack::{Outcome, QueueStack};
+use crate::stack::QueueStack;
 
 /// Builds and runs the consumers of a [`Config`].
 ///
@@ -210,10 +210,7 @@ impl App {
     /// in `tower::buffer::Buffer`, whose handle is.
     pub fn consume<H>(self, queue: &str, handler: H) -> Self
     where
-        H: Service<Delivery> + Clone + Send + 'static,
-        H::Error: Into<BoxError>,
-        H::Future: Send + 'static,
-        H::Response: acemq_layers::IntoVerdict + Send + 'static,
+        H: crate::stack::Handler,
     {
         self.consume_with(queue, QueueStack::new(), handler)
     }
@@ -234,19 +231,15 @@ impl App {
         O: Send + 'static,
         I: Send + 'static,
         I: Layer<H>,
-        I::Service: Service<Delivery> + Clone + Send + 'static,
-        <I::Service as Service<Delivery>>::Error: Into<BoxError>,
-        <I::Service as Service<Delivery>>::Future: Send + 'static,
-        <I::Service as Service<Delivery>>::Response: acemq_layers::IntoVerdict + Send + 'static,
+        I::Service: crate::stack::Handler,
         O: Layer<
             tower::util::MapResult<
                 crate::stack::Attempts<H, I, Publisher, C>,
                 crate::stack::Sealer,
             >,
         >,
-        O::Service: Service<Delivery, Response = Outcome> + Clone + Send + 'static,
+        O::Service: crate::stack::OuterService,
         BoxError: From<<O::Service as Service<Delivery>>::Error>,
-        <O::Service as Service<Delivery>>::Future: Send + 'static,
     {
         if let Some(policy) = &stack.policy {
             self.policies.push((queue.to_owned(), policy.clone()));
