@@ -100,7 +100,13 @@ pub(crate) fn check_valid(config: &Config) {
             .is_some_and(|found| std::ptr::eq(found, q)));
         assert!(q.prefetch > 0);
         assert!(q.concurrency > 0);
-        assert!(q.concurrency <= usize::from(q.prefetch), "{q:?}");
+        // A concurrency above prefetch is refused when it was written; the
+        // default (8) beside a smaller prefetch loads (validate_limits.rs).
+        assert!(
+            q.concurrency <= usize::from(q.prefetch)
+                || q.concurrency == acemq::config::QueueConfig::DEFAULT_CONCURRENCY,
+            "{q:?}"
+        );
         assert!(q.max_redeliveries > 0);
         if let Some(delay) = q.ack_batch.delay {
             assert!(delay <= AckBatch::MAX_DELAY, "{delay:?}");
