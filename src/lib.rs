@@ -30,6 +30,7 @@
 
 mod amqp;
 pub mod app;
+pub mod batch;
 pub mod config;
 mod consumer;
 #[cfg(feature = "postgres")]

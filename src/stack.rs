@@ -313,6 +313,10 @@ pub(crate) struct Parts<'a, P> {
     pub(crate) concurrency: Option<std::sync::Arc<tokio::sync::Semaphore>>,
     pub(crate) publisher: P,
     pub(crate) draining: CancellationToken,
+    /// Forms batches before the claim (a queue consumed with
+    /// `App::consume_batch`): the limit on running batches is shared by
+    /// the queue's generations, each forms its own.
+    pub(crate) batch: Option<acemq_layers::batch::Batcher>,
     /// The handlers' token (the loop's deliveries carry it on their
     /// lifeline, so the layer hands it over without a reference count).
     pub(crate) cancel: Cancellation,
@@ -327,6 +331,10 @@ pub(crate) struct Parts<'a, P> {
 pub(crate) type Sealer = fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>;
 /// And back, for the gate and the loop.
 type Unsealer<E> = fn(Result<Outcome, E>) -> Result<Decision, BoxError>;
+
+/// What outer layers wrap: the claim and below, behind the batch layer
+/// when the queue is consumed in batches.
+pub(crate) type Formed<S> = tower::util::Either<acemq_layers::batch::Batching<S>, S>;
 
 /// The circuit breaker around each attempt, when the queue has one.
 pub(crate) type Breaker<S, C> = tower::util::Either<acemq_layers::CircuitBreaker<S, C>, S>;
@@ -360,12 +368,7 @@ where
     C: Classify + Clone,
     I: Layer<H>,
     I::Service: Handler,
-    O: Layer<
-        tower::util::MapResult<
-            Attempts<H, I, P, C>,
-            fn(Result<Decision, BoxError>) -> Result<Outcome, BoxError>,
-        >,
-    >,
+    O: Layer<Formed<tower::util::MapResult<Attempts<H, I, P, C>, Sealer>>>,
     O::Service: OuterService,
     BoxError: From<<O::Service as Service<Delivery>>::Error>,
 {
@@ -408,9 +411,16 @@ where
             }
         })
         .service(stack.inner.layer(handler));
-    let outer = stack
-        .outer
-        .layer(MapResultLayer::new(sealed).layer(attempts));
+    let attempts = MapResultLayer::new(sealed).layer(attempts);
+    // A batch being formed is held: before the claim, under the user's
+    // outer layers (which see each delivery, not the batch).
+    let formed = match parts.batch {
+        Some(batcher) => tower::util::Either::Left(
+            acemq_layers::batch::BatchLayer::new(batcher).layer(attempts),
+        ),
+        None => tower::util::Either::Right(attempts),
+    };
+    let outer = stack.outer.layer(formed);
     // `ordered_by`: a delivery waiting for its key's turn is held (before
     // the claim), and the key is kept through in-process retries.
     let partition = q

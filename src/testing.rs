@@ -308,9 +308,11 @@ impl TestQueue {
         I: Layer<Recording<H>>,
         I::Service: crate::stack::Handler,
         O: Layer<
-            tower::util::MapResult<
-                Attempts<Recording<H>, I, RecordingPublisher, C>,
-                crate::stack::Sealer,
+            crate::stack::Formed<
+                tower::util::MapResult<
+                    Attempts<Recording<H>, I, RecordingPublisher, C>,
+                    crate::stack::Sealer,
+                >,
             >,
         >,
         O::Service: crate::stack::OuterService,
@@ -340,6 +342,7 @@ impl TestQueue {
                 gate: gate.clone(),
                 in_flight: in_flight.clone(),
                 concurrency: None,
+                batch: None,
                 publisher: publisher.clone(),
                 draining: draining.clone(),
                 cancel: Cancellation::new(cancel.clone()),

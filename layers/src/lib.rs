@@ -10,6 +10,7 @@
 //! | layer | what it does | state the drain reads |
 //! |---|---|---|
 //! | [`pause`] | holds requests before the handler; `close()` hands them back | held count |
+//! | [`batch`] | forms batches before the claim (a forming batch is held); runs a service of batches in the handler's place, each delivery keeping its own outcome | — |
 //! | [`in_flight`] | counts deliveries inside the handler, per queue; [`ClaimLayer`] is the claim point (in flight from there, with a concurrency permit; held before it, and handed back) | count, `wait_idle()` |
 //! | [`partition`] | runs deliveries with equal keys one at a time, in arrival order; a waiting one is held | waiting count |
 //! | [`dead_letter`] | publishes what cannot be handled, with the reason | — |
@@ -122,6 +123,7 @@
 //! that reached 0 before the wait began reads the new waiter late
 //! (`src/tests/loom_in_flight.rs` has the interleaving).
 
+pub mod batch;
 pub mod breaker;
 pub mod cancel;
 pub mod dead_letter;

@@ -51,6 +51,9 @@ pub struct App {
     pub(super) publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
     /// Started after the topology is declared, stopped before the drain.
     pub(super) background: Vec<BackgroundStart>,
+    /// Queues consumed in batches, by queue: checked against the config's
+    /// `prefetch` and `concurrency` at start.
+    pub(super) batches: Vec<(String, crate::batch::BatchSize)>,
 }
 
 /// Starts a publisher outside handlers and returns how to stop it.
@@ -84,6 +87,7 @@ impl App {
             publisher,
             publish_tx,
             background: Vec::new(),
+            batches: Vec::new(),
         }
     }
 
@@ -220,7 +224,7 @@ impl App {
     /// and retry policy: see [`QueueStack`] and the [`stack`](crate::stack)
     /// module for where each kind of layer belongs.
     pub fn consume_with<H, O, I, C>(
-        mut self,
+        self,
         queue: &str,
         stack: QueueStack<O, I, C>,
         handler: H,
@@ -233,9 +237,104 @@ impl App {
         I: Layer<H>,
         I::Service: crate::stack::Handler,
         O: Layer<
-            tower::util::MapResult<
-                crate::stack::Attempts<H, I, Publisher, C>,
-                crate::stack::Sealer,
+            crate::stack::Formed<
+                tower::util::MapResult<
+                    crate::stack::Attempts<H, I, Publisher, C>,
+                    crate::stack::Sealer,
+                >,
+            >,
+        >,
+        O::Service: crate::stack::OuterService,
+        BoxError: From<<O::Service as Service<Delivery>>::Error>,
+    {
+        self.add_queue(queue, stack, handler, None)
+    }
+
+    /// Consumes `queue` in batches: `handler` is given up to `max_size`
+    /// deliveries at once ([`Batch`](crate::batch::Batch)), formed from the
+    /// prefetch window and never waiting more than `max_wait` after a
+    /// batch's first delivery, and answers one outcome per delivery (or one
+    /// for all: see [`IntoOutcomes`](crate::batch::IntoOutcomes)). Each
+    /// delivery keeps its own retry, dead-letter and settle; an in-process
+    /// retry calls `handler` with a batch of that one delivery. The queue's
+    /// `concurrency` counts batches running at once, and its `prefetch`
+    /// must be at least `max_size × concurrency` (checked at start). See
+    /// [`crate::batch`].
+    pub fn consume_batch<B>(
+        self,
+        queue: &str,
+        max_size: usize,
+        max_wait: std::time::Duration,
+        handler: B,
+    ) -> Self
+    where
+        B: Service<crate::batch::Batch> + Clone + Send + 'static,
+        B::Response: crate::batch::IntoOutcomes + Send + 'static,
+        B::Error: Into<BoxError>,
+        B::Future: Send + 'static,
+    {
+        self.consume_batch_with(queue, QueueStack::new(), max_size, max_wait, handler)
+    }
+
+    /// As [`consume_batch`](Self::consume_batch), with your own
+    /// [`QueueStack`]: outer layers see each delivery with its final
+    /// [`Outcome`] (a delivery waiting in one is held, not yet in a batch),
+    /// inner layers each attempt of each delivery (its wait for the rest of
+    /// its batch included).
+    pub fn consume_batch_with<B, O, I, C>(
+        mut self,
+        queue: &str,
+        stack: QueueStack<O, I, C>,
+        max_size: usize,
+        max_wait: std::time::Duration,
+        handler: B,
+    ) -> Self
+    where
+        B: Send + 'static + Clone,
+        C: Classify + Clone,
+        O: Send + 'static,
+        I: Send + 'static,
+        I: Layer<crate::batch::BatchHandler<B>>,
+        I::Service: crate::stack::Handler,
+        O: Layer<
+            crate::stack::Formed<
+                tower::util::MapResult<
+                    crate::stack::Attempts<crate::batch::BatchHandler<B>, I, Publisher, C>,
+                    crate::stack::Sealer,
+                >,
+            >,
+        >,
+        O::Service: crate::stack::OuterService,
+        BoxError: From<<O::Service as Service<Delivery>>::Error>,
+    {
+        let size = crate::batch::BatchSize { max_size, max_wait };
+        self.batches.push((queue.to_owned(), size));
+        let handler = crate::batch::BatchHandler::new(handler);
+        self.add_queue(queue, stack, handler, Some(size))
+    }
+
+    /// The starter of `queue`'s generations: its stack around `handler`,
+    /// forming batches when `batch` is set.
+    fn add_queue<H, O, I, C>(
+        mut self,
+        queue: &str,
+        stack: QueueStack<O, I, C>,
+        handler: H,
+        batch: Option<crate::batch::BatchSize>,
+    ) -> Self
+    where
+        H: Send + 'static + Clone,
+        C: Classify + Clone,
+        O: Send + 'static,
+        I: Send + 'static,
+        I: Layer<H>,
+        I::Service: crate::stack::Handler,
+        O: Layer<
+            crate::stack::Formed<
+                tower::util::MapResult<
+                    crate::stack::Attempts<H, I, Publisher, C>,
+                    crate::stack::Sealer,
+                >,
             >,
         >,
         O::Service: crate::stack::OuterService,
@@ -244,13 +343,20 @@ impl App {
         if let Some(policy) = &stack.policy {
             self.policies.push((queue.to_owned(), policy.clone()));
         }
-        // The stack is built again for each generation; the mutex only makes
-        // the starter `Sync` without asking it of the handler or the layers.
+        // The limit on running batches outlives the generations: made with
+        // the first, from the queue's validated `concurrency`.
+        let batcher = std::sync::OnceLock::new();
         let parts = std::sync::Mutex::new((handler, stack));
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
             let guard = parts.locked();
             let (handler, stack) = &*guard;
-            let service = crate::stack::build(ctx.stack_parts(), stack, handler.clone());
+            let mut stack_parts = ctx.stack_parts();
+            stack_parts.batch = batch.map(|size| {
+                batcher
+                    .get_or_init(|| size.batcher(ctx.queue.concurrency))
+                    .clone()
+            });
+            let service = crate::stack::build(stack_parts, stack, handler.clone());
             drop(guard);
             ctx.consumer_loop(service)
         });

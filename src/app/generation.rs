@@ -53,6 +53,7 @@ impl<'a> StartCtx<'a> {
             gate: self.gate.clone(),
             in_flight: self.health.in_flight().clone(),
             concurrency: Some(self.slots.clone()),
+            batch: None,
             publisher: self.publisher.clone(),
             draining: self.draining.clone(),
             // The supervisor (the one maker of a `StartCtx`) puts

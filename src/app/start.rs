@@ -55,8 +55,10 @@ impl App {
             publisher,
             publish_tx,
             background,
+            batches,
         } = self;
         let declared = apply_policies_and_validate(&mut config, policies, &starters)?;
+        crate::batch::validate(&config, &batches)?;
         warn_if_drain_outlasts_host(&config);
         let plan = Plan::new(config, declared, addr, name, factory)?;
         tokio::pin!(stop);
@@ -67,7 +69,7 @@ impl App {
         // exists to drain them.
         publish_tx.send_replace(Some(publish_conn.clone()));
         publisher.set_topology(started.topology.clone());
-        let slots = queue_slots(&plan.config, starters, &health);
+        let slots = queue_slots(&plan.config, starters, &batches, &health);
         let (consume_tx, _) = watch::channel(Some(consume_conn.clone()));
         let link = Arc::new(Link::new(
             consume_conn.clone(),
@@ -305,9 +307,13 @@ async fn open_first_generations(
 
 /// Each queue's parts that outlive its generations, with its starter; each
 /// queue is added to the health handle.
+///
+/// A queue consumed in batches claims `max_size × concurrency` deliveries
+/// at once (its `concurrency` counts batches, limited where they form).
 fn queue_slots(
     config: &Config,
     mut starters: Vec<(String, Starter)>,
+    batches: &[(String, crate::batch::BatchSize)],
     health: &Health,
 ) -> Vec<QueueSlot> {
     let mut slots = Vec::new();
@@ -324,7 +330,14 @@ fn queue_slots(
             starter,
             gate,
             stats,
-            slots: Arc::new(Semaphore::new(q.concurrency)),
+            slots: Arc::new(Semaphore::new(
+                batches
+                    .iter()
+                    .find(|(name, _)| name == &q.name)
+                    .map_or(q.concurrency, |(_, size)| {
+                        q.concurrency.saturating_mul(size.max_size)
+                    }),
+            )),
         });
     }
     slots
