@@ -13,6 +13,7 @@ mod admin;
 #[cfg(feature = "axum")]
 mod admin_drain;
 mod bad_input;
+mod batch;
 mod breaker;
 mod broker_cancel;
 mod coalesce;
