@@ -415,9 +415,9 @@ where
     // A batch being formed is held: before the claim, under the user's
     // outer layers (which see each delivery, not the batch).
     let formed = match parts.batch {
-        Some(batcher) => tower::util::Either::Left(
-            acemq_layers::batch::BatchLayer::new(batcher).layer(attempts),
-        ),
+        Some(batcher) => {
+            tower::util::Either::Left(acemq_layers::batch::BatchLayer::new(batcher).layer(attempts))
+        }
         None => tower::util::Either::Right(attempts),
     };
     let outer = stack.outer.layer(formed);

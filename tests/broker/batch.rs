@@ -251,15 +251,25 @@ async fn a_drain_waits_for_the_running_batch_and_hands_back_the_batches_not_star
         "the broker sent all {MESSAGES} ahead (prefetch {MESSAGES})"
     );
     assert!(
-        eventually(Duration::from_secs(10), || async { !calls_of(&calls).is_empty() }).await,
+        eventually(Duration::from_secs(10), || async {
+            !calls_of(&calls).is_empty()
+        })
+        .await,
         "a batch is running"
     );
     let in_flight = health.snapshot().queues[0].in_flight;
-    assert_eq!(in_flight, 5, "in flight counts the running batch's deliveries");
+    assert_eq!(
+        in_flight, 5,
+        "in flight counts the running batch's deliveries"
+    );
 
     let report = running.drain().await.expect("a clean drain");
     let calls = calls_of(&calls);
-    assert_eq!(calls.len(), 1, "no batch started after the drain: {calls:?}");
+    assert_eq!(
+        calls.len(),
+        1,
+        "no batch started after the drain: {calls:?}"
+    );
     assert_eq!(calls[0].members.len(), 5);
     assert_eq!(*finished.lock().unwrap(), 5, "the running batch finished");
     assert_eq!(report.finished(), 5, "{report:?}");

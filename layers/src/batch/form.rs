@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use tower::{Layer, Service};
 
-use super::state::{Batcher, BatchState, Forming, Ticket};
+use super::state::{BatchState, Batcher, Forming, Ticket};
 use crate::Delivery;
 
 /// Forms batches in front of the claim; see the [module docs](super).

@@ -83,9 +83,11 @@ where
         match ticket.state.arrive(ticket.index, delivery, runner) {
             Ok(outcome) => async move {
                 outcome.await.unwrap_or_else(|_| {
-                    Err("the batch ended without an outcome for this delivery (its handler \
+                    Err(
+                        "the batch ended without an outcome for this delivery (its handler \
                          panicked, or the runtime is shutting down)"
-                        .into())
+                            .into(),
+                    )
                 })
             }
             .boxed(),
@@ -124,7 +126,8 @@ where
     match std::panic::AssertUnwindSafe(call).catch_unwind().await {
         Ok(Ok(response)) => response.into_outcomes(len),
         Ok(Err(e)) => BatchFailed::new(e.into()).for_each(len),
-        Err(panic) => BatchFailed::new(Box::new(crate::HandlerPanic::from_payload(&*panic)))
-            .for_each(len),
+        Err(panic) => {
+            BatchFailed::new(Box::new(crate::HandlerPanic::from_payload(&*panic))).for_each(len)
+        }
     }
 }
