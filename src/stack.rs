@@ -8,19 +8,21 @@
 //! | 1 | pause gate | a held delivery has not started: not in flight, handed back without touching anything below |
 //! | 1a | per-key ordering (the queue's `ordered_by`, if set) | a delivery waiting for its key's turn is held; the key is kept through in-process retries |
 //! | 2 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
+//! | 2½ | batch forming (a queue consumed with [`App::consume_batch`](crate::App::consume_batch)) | a delivery waiting for its batch to fill, or for a running batch to finish, is held; see [`crate::batch`] |
 //! | 3 | claim: in-flight count and concurrency | the delivery enters the handler's side: from here it is in flight and holds one of the queue's `concurrency` permits |
 //! | 4 | dead-letter | turns "cannot be handled" into a confirmed copy in `Q.dlq` with the reason |
 //! | 5 | retry | waits here or on a rung, and calls the layers below again |
 //! | 5½ | circuit breaker (config `circuit_breaker`, [`QueueStack::circuit_breaker`]) | counts each attempt; when too many fail, holds the queue at its pause gate (1) for a cool-down, then probes with one delivery |
 //! | 6 | cancellation | the drain's token, a caught panic, abandonment |
 //! | 7 | **your inner layers** ([`QueueStack::inner`]) | see each attempt: a timeout per attempt, metrics per attempt, your axum-style middleware |
-//! | 8 | your handler | |
+//! | 8 | your handler (for a batch queue, the batch handler: the members of a batch meet here and your service is called once for them) | |
 //!
 //! # Held until claimed
 //!
 //! A delivery is *in flight* from the claim (row 3) until its outcome
 //! exists; before that it is *held* — at the pause gate, or in your outer
-//! layers (a `Buffer` in front of a `RateLimit`, a key's turn). A held
+//! layers (a `Buffer` in front of a `RateLimit`, a key's turn), or in a
+//! batch being formed. A held
 //! delivery holds no concurrency permit (`concurrency` counts handlers, the
 //! queue's `prefetch` bounds what is held), is not counted in flight, and
 //! at a drain is handed back to the broker at once — never waited for,

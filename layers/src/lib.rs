@@ -30,6 +30,9 @@
 //! 2. Anything that holds a delivery before the work begins: a
 //!    [`PartitionLayer`] (a key's turn), your own `Buffer` and `RateLimit`.
 //!    What waits here is held: not in flight, handed back at a drain.
+//!    A [`BatchLayer`](batch::BatchLayer) goes last among them (a batch
+//!    being formed is held), with a [`BatchHandler`](batch::BatchHandler)
+//!    in the handler's place (step 9).
 //! 3. [`ClaimLayer`] (or [`InFlightLayer`], which counts without claiming) —
 //!    everything below is work the drain waits for: handler attempts,
 //!    in-process backoffs, and the confirmed publishes of retries and

@@ -228,11 +228,19 @@ impl BatchState {
         Ok(rx)
     }
 
-    /// Member `index` will not reach the handler (or has): if it was the
-    /// last one the batch waited for, the batch runs now.
+    /// Member `index` is done with its batch: it will not reach the
+    /// handler (handed back, or decided without it), or its outcome is
+    /// final without the batch (its attempt dropped, then decided
+    /// otherwise). It is taken out of a batch that has not run; if it was
+    /// the last one the batch waited for, the batch runs now.
     pub(super) fn leave(&self, index: usize) {
         let mut members = self.members();
-        if matches!(members.slots.get(index), Some(Member::Waiting)) {
+        if !members.started
+            && matches!(
+                members.slots.get(index),
+                Some(Member::Waiting | Member::Arrived(..))
+            )
+        {
             members.slots[index] = Member::Gone;
             self.start_if_complete(members);
         }
