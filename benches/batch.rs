@@ -12,8 +12,8 @@
 //! per-message consumer and per batch by the batch consumer:
 //!
 //! - **one** — `App::consume`, prefetch `P`, concurrency `C`;
-//! - **batch** — `App::consume_batch`, prefetch `P`, batches of `P / K`
-//!   (`max_wait` 20 ms), `K` batches at once.
+//! - **batch** — `App::consume_batch`, prefetch `P`, batches of `S`
+//!   (default `P / K`; `max_wait` 20 ms), `K` batches at once.
 //!
 //! Runs alternate (one batch, then batch one, …); each figure is the median
 //! of the rounds, and the ratio is batch / one of the medians.
@@ -27,6 +27,7 @@
 //! | `ACEMQ_BENCH_PREFETCH` | 200 | `P`, both consumers |
 //! | `ACEMQ_BENCH_CONCURRENCY` | 8 | `C`, the per-message consumer's handlers |
 //! | `ACEMQ_BENCH_BATCHES` | 2 | `K`, batches running at once |
+//! | `ACEMQ_BENCH_MAX_SIZE` | `P / K` | `S`, the largest batch (at most `P / K`: a smaller one leaves room in the window for the next batches to form while `K` run) |
 //! | `ACEMQ_BENCH_CALL_US` | `0,1000` | the wait per call, µs; a comma list runs a table each |
 //! | `ACEMQ_BENCH_MAX_LOAD` | 1.5 | wait before a run until the 1-min load ≤ this |
 //! | `ACEMQ_BENCH_LOAD_WAIT` | 60 | … for at most this many seconds |
@@ -57,6 +58,7 @@ struct Settings {
     prefetch: u16,
     concurrency: usize,
     batches: usize,
+    max_size: usize,
     max_load: f64,
     load_wait: Duration,
     broker: Option<BrokerProcess>,
@@ -156,7 +158,7 @@ async fn run_one(broker: &support::Broker, st: &Settings, kind: Kind, call: Dura
         Kind::One => st.concurrency,
         Kind::Batch => st.batches,
     };
-    let max_size = usize::from(st.prefetch) / st.batches.max(1);
+    let max_size = st.max_size;
     let config = support::config(&queue, st.prefetch, concurrency);
     broker.declare(&config).await;
     broker
@@ -220,6 +222,7 @@ fn main() {
         prefetch: support::env_or("ACEMQ_BENCH_PREFETCH", 200),
         concurrency: support::env_or("ACEMQ_BENCH_CONCURRENCY", 8),
         batches: support::env_or("ACEMQ_BENCH_BATCHES", 2),
+        max_size: 0,
         max_load: support::env_or("ACEMQ_BENCH_MAX_LOAD", 1.5),
         load_wait: Duration::from_secs(support::env_or("ACEMQ_BENCH_LOAD_WAIT", 60)),
         broker: match BrokerProcess::find(support::node_from_env().as_deref()) {
@@ -229,6 +232,13 @@ fn main() {
                 None
             }
         },
+    };
+    let st = Settings {
+        max_size: support::env_or(
+            "ACEMQ_BENCH_MAX_SIZE",
+            usize::from(st.prefetch) / st.batches.max(1),
+        ),
+        ..st
     };
     let calls: Vec<u64> = std::env::var("ACEMQ_BENCH_CALL_US")
         .unwrap_or_else(|_| "0,1000".to_owned())
@@ -245,7 +255,7 @@ fn main() {
                 st.prefetch,
                 st.concurrency,
                 st.batches,
-                usize::from(st.prefetch) / st.batches.max(1),
+                st.max_size,
                 st.rounds
             ),
         )

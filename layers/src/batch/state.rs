@@ -101,6 +101,7 @@ impl Forming {
         let index = {
             let mut members = state.members();
             members.slots.push(Member::Waiting);
+            members.waiting += 1;
             members.slots.len() - 1
         };
         if index + 1 >= self.batcher.max_size {
@@ -158,6 +159,8 @@ enum Member {
 #[derive(Default)]
 struct Members {
     slots: Vec<Member>,
+    /// How many slots are `Waiting`.
+    waiting: usize,
     started: bool,
     /// One of the `concurrency` running batches, from when the batch was
     /// formed until its handler has returned.
@@ -220,7 +223,10 @@ impl BatchState {
             return Err(delivery);
         }
         let (tx, rx) = oneshot::channel();
-        members.slots[index] = Member::Arrived(delivery, tx);
+        let slot = std::mem::replace(&mut members.slots[index], Member::Arrived(delivery, tx));
+        if matches!(slot, Member::Waiting) {
+            members.waiting -= 1;
+        }
         if members.runner.is_none() {
             members.runner = Some(runner());
         }
@@ -241,7 +247,10 @@ impl BatchState {
                 Some(Member::Waiting | Member::Arrived(..))
             )
         {
-            members.slots[index] = Member::Gone;
+            let slot = std::mem::replace(&mut members.slots[index], Member::Gone);
+            if matches!(slot, Member::Waiting) {
+                members.waiting -= 1;
+            }
             self.start_if_complete(members);
         }
     }
@@ -252,10 +261,7 @@ impl BatchState {
     fn start_if_complete(&self, mut members: MutexGuard<'_, Members>) {
         // A batch still open has no member at the handler yet; the member
         // that closes it is still on its way, and acts after.
-        if members.started
-            || !self.closed.is_cancelled()
-            || members.slots.iter().any(|m| matches!(m, Member::Waiting))
-        {
+        if members.started || !self.closed.is_cancelled() || members.waiting > 0 {
             return;
         }
         members.started = true;
