@@ -343,16 +343,16 @@ impl App {
         if let Some(policy) = &stack.policy {
             self.policies.push((queue.to_owned(), policy.clone()));
         }
-        // The limit on running batches outlives the generations: made with
-        // the first, from the queue's validated `concurrency`.
-        let batcher = std::sync::OnceLock::new();
         let parts = std::sync::Mutex::new((handler, stack));
         let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
             let guard = parts.locked();
             let (handler, stack) = &*guard;
             let mut stack_parts = ctx.stack_parts();
+            // The limit on running batches outlives the generations: made
+            // with the first, from the queue's validated `concurrency`.
             stack_parts.batch = batch.map(|size| {
-                batcher
+                ctx.stats
+                    .batcher
                     .get_or_init(|| size.batcher(ctx.queue.concurrency))
                     .clone()
             });

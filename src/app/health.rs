@@ -113,7 +113,8 @@ pub struct QueueSnapshot {
     pub name: String,
     /// Handlers running now.
     pub in_flight: usize,
-    /// Deliveries held at the pause gate now.
+    /// Deliveries held now: at the pause gate, and (a queue consumed in
+    /// batches) in a batch being formed or waiting to run.
     pub held: usize,
     /// Deliveries handed back to the broker unhandled so far.
     pub handed_back: usize,
@@ -309,7 +310,7 @@ impl Health {
             .into_iter()
             .map(|q| QueueSnapshot {
                 in_flight: self.inner.in_flight.get(&q.name),
-                held: q.gate.held(),
+                held: q.gate.held() + q.stats.batcher.get().map_or(0, |b| b.held()),
                 handed_back: q.stats.handed_back.load(Ordering::Relaxed),
                 handled: q.stats.handled.load(Ordering::Relaxed),
                 retried: q.stats.retried.load(Ordering::Relaxed),

@@ -46,6 +46,9 @@ pub(crate) struct QueueStats {
     /// The queue has no live consumer (recovering, or given up): readiness
     /// is off while any queue is down.
     pub(crate) down: AtomicBool,
+    /// The queue's batcher (consumed in batches), made by its first
+    /// generation: the limit on running batches and the held count.
+    pub(crate) batcher: std::sync::OnceLock<acemq_layers::batch::Batcher>,
     /// Now: deliveries fetched and not started (gauge).
     pub(crate) buffered: AtomicUsize,
     /// Now: outcomes decided and not yet settled on the wire (gauge).

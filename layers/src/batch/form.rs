@@ -1,6 +1,7 @@
 //! Forming batches before the claim: [`BatchLayer`] and [`Batching`].
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -112,10 +113,15 @@ async fn member<S>(
 where
     S: Service<Delivery>,
 {
-    let place = Place {
+    let mut place = Place {
         state: ticket.state.clone(),
         index: ticket.index,
+        held: Some(forming.batcher.clone()),
     };
+    forming
+        .batcher
+        .held_counter()
+        .fetch_add(1, Ordering::Relaxed);
     let state = &place.state;
     if !state.closed.is_cancelled() {
         let closed = std::pin::pin!(state.closed.cancelled());
@@ -130,6 +136,8 @@ where
     let mut inner = inner;
     std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
     let response = inner.call(delivery);
+    // Claimed (in flight) or refused (handed back): held no longer.
+    place.unhold();
     if watch.is_handed_back() {
         // Refused by the claim (handed back while held): not coming.
         place.state.leave(place.index);
@@ -143,10 +151,21 @@ where
 struct Place {
     state: Arc<BatchState>,
     index: usize,
+    /// Counted as held until it passes the claim.
+    held: Option<Batcher>,
+}
+
+impl Place {
+    fn unhold(&mut self) {
+        if let Some(b) = self.held.take() {
+            b.held_counter().fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
+        self.unhold();
         self.state.leave(self.index);
     }
 }

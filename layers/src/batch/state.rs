@@ -2,6 +2,7 @@
 //! members until its handler has run.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ pub struct Batcher {
     max_size: usize,
     max_wait: Duration,
     running: Arc<Semaphore>,
+    /// Deliveries held now: in a batch being formed, or waiting for one
+    /// to run, before the claim.
+    held: Arc<AtomicUsize>,
 }
 
 impl Batcher {
@@ -36,6 +40,7 @@ impl Batcher {
             max_size: max_size.max(1),
             max_wait,
             running: Arc::new(Semaphore::new(concurrency.max(1))),
+            held: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -52,6 +57,16 @@ impl Batcher {
     /// How many batches may start now (of the `concurrency` given).
     pub fn available(&self) -> usize {
         self.running.available_permits()
+    }
+
+    /// Deliveries held now, every layer built from this batcher together:
+    /// in a batch being formed, or in one waiting to run (not yet claimed).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn held_counter(&self) -> &AtomicUsize {
+        &self.held
     }
 
     pub(super) fn running(&self) -> &Arc<Semaphore> {
@@ -72,6 +87,7 @@ impl fmt::Debug for Batcher {
             .field("max_size", &self.max_size)
             .field("max_wait", &self.max_wait)
             .field("available", &self.available())
+            .field("held", &self.held())
             .finish()
     }
 }

@@ -211,7 +211,7 @@ async fn concurrency_counts_batches_running_and_a_batch_waiting_to_run_is_held()
     let counter = InFlightCounter::new();
     let batcher = Batcher::new(2, Duration::from_secs(1), 1);
     let mut svc = stack(
-        batcher,
+        batcher.clone(),
         counter.clone(),
         calls.clone(),
         Duration::from_millis(100),
@@ -223,6 +223,7 @@ async fn concurrency_counts_batches_running_and_a_batch_waiting_to_run_is_held()
     settle().await;
     assert_eq!(calls.lock().unwrap().len(), 1, "one batch at a time");
     assert_eq!(counter.total(), 2, "in flight: the running batch's members");
+    assert_eq!(batcher.held(), 2, "held: the batch waiting to run");
     tokio::time::sleep(Duration::from_millis(101)).await;
     settle().await;
     assert_eq!(calls.lock().unwrap().len(), 2);
