@@ -178,11 +178,9 @@ async fn a_partial_batch_runs_once_max_wait_has_passed() {
         record(&seen, &batch);
         async { Ok::<_, BoxError>(()) }
     });
-    let running = App::new(config)
-        .consume_batch(&q, 50, Duration::from_millis(400), handler)
-        .start()
-        .await
-        .expect("starts");
+    let app = App::new(config).consume_batch(&q, 50, Duration::from_millis(400), handler);
+    let health = app.health();
+    let running = app.start().await.expect("starts");
 
     let published = Instant::now();
     publish_bodies(&mut broker, &q, &["a", "b", "c"]).await;
@@ -217,6 +215,12 @@ async fn a_partial_batch_runs_once_max_wait_has_passed() {
         queue_counts(&q).await
     );
     running.drain().await.expect("a clean drain");
+    let snapshot = health.snapshot().queues[0].clone();
+    assert_eq!(snapshot.handled, 3, "{snapshot:?}");
+    assert!(
+        snapshot.settle_frames < 3,
+        "the batch's acknowledgements coalesce (a `multiple` ack): {snapshot:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
