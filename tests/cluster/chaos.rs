@@ -21,7 +21,7 @@
 //! to lose. What the fault exercises is the consumers' recovery (the broker
 //! cancels them; acemq declares the queue again and consumes it).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
