@@ -242,10 +242,17 @@ fn has_entries(entries: &[String]) -> bool {
 }
 
 /// Whether `text` reads as one URL with a host whose user name or password
-/// holds a comma: one address that a list would split.
+/// holds a comma: one address that a list would split. Not when anything
+/// after its host holds an `@` (a list whose later addresses carry
+/// credentials, read as one URL, would keep them in its path: shown
+/// unredacted).
 fn one_url_with_a_comma(text: &str) -> bool {
     url::Url::parse(text).is_ok_and(|u| {
+        let after_host_has_at = u.path().contains('@')
+            || u.query().is_some_and(|q| q.contains('@'))
+            || u.fragment().is_some_and(|f| f.contains('@'));
         u.has_host()
+            && !after_host_has_at
             && (u.username().contains(',') || u.password().is_some_and(|p| p.contains(',')))
     })
 }
@@ -318,6 +325,15 @@ pub(crate) fn vhost_of(addr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_whose_first_address_has_a_comma_in_its_user_name_hides_every_later_password() {
+        // Read as one URL (user "u,x"), the second address would sit in its
+        // path, password and all.
+        let r = redact("amqp://u,x:p@h/,amqp://v:s3cret@h2/%2f");
+        assert!(!r.contains("s3cret"), "{r}");
+        assert!(r.contains("v:***@h2"), "{r}");
+    }
 
     #[test]
     fn the_password_is_replaced_in_a_redacted_address() {
