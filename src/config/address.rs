@@ -284,8 +284,13 @@ pub fn redact(addr: &str) -> String {
 }
 
 fn redact_one(addr: &str) -> String {
+    // `scheme:user@host` without `//` is no AMQP address, and its user
+    // name may be another reading's password: not shown.
+    let authority_written = addr
+        .split_once(':')
+        .is_some_and(|(_, rest)| rest.starts_with("//"));
     match url::Url::parse(addr) {
-        Ok(mut u) if u.has_host() => {
+        Ok(mut u) if u.has_host() && authority_written => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
@@ -333,6 +338,14 @@ mod tests {
         let r = redact("amqp://u,x:p@h/,amqp://v:s3cret@h2/%2f");
         assert!(!r.contains("s3cret"), "{r}");
         assert!(r.contains("v:***@h2"), "{r}");
+    }
+
+    #[test]
+    fn an_address_without_slashes_after_its_scheme_is_not_shown() {
+        // Read with the list before it as one URL, `s3cretpw` is a password.
+        let r = redact("amqp://u,v:w@h/,amqp:s3cretpw@h2/x@y");
+        assert!(!r.contains("s3cretpw"), "{r}");
+        assert_eq!(redact("amqp:s3cretpw@h2"), "<unparseable AMQP address>");
     }
 
     #[test]
