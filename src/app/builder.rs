@@ -278,7 +278,7 @@ impl App {
 
     /// As [`consume_batch`](Self::consume_batch), with your own
     /// [`QueueStack`]: outer layers see each delivery with its final
-    /// [`Outcome`] (a delivery waiting in one is held, not yet in a batch),
+    /// [`Outcome`](crate::stack::Outcome) (a delivery waiting in one is held, not yet in a batch),
     /// inner layers each attempt of each delivery (its wait for the rest of
     /// its batch included).
     pub fn consume_batch_with<B, O, I, C>(
