@@ -13,6 +13,7 @@ use acemq::{App, BoxError, Config, Delivery};
 use tokio_util::sync::CancellationToken;
 use tower::service_fn;
 
+use crate::freeze::Logs;
 use crate::support::{addr, counts, eventually, unique, Client, Node, ReadinessLog};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
@@ -32,6 +33,8 @@ struct Calls {
 async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_queue_is_consumed_again_and_the_message_redelivered_and_handled(
 ) {
     let _node = Node::up();
+    let logs = Logs::install();
+    let from = logs.now();
     let q = unique("consumer-timeout");
     let client = Client::new(&format!("acemq-node-test-{q}")).await;
     let calls = Arc::new(Calls::default());
@@ -109,12 +112,28 @@ async fn a_handler_longer_than_consumer_timeout_gets_its_channel_closed_and_the_
         readiness.first_off(),
         health.is_ready()
     );
+    // Readiness is sampled every 5 ms; the reconnect's backoff has full
+    // jitter and may be a millisecond, so the off window can fall between
+    // two samples. Then the log shows the recovery: the channel closed by
+    // the broker, then the queue consumed again.
+    let recovered_in_log = || {
+        let lines = logs.since(from);
+        let closed = lines
+            .iter()
+            .position(|l| l.3.contains("the broker closed this queue's channel"));
+        closed.is_some_and(|i| {
+            lines[i + 1..]
+                .iter()
+                .any(|l| l.3.contains("consuming") && !l.3.contains("again"))
+        })
+    };
     assert!(
         eventually(SECS(10), || async {
-            readiness.off_then_on_after(Duration::ZERO)
+            readiness.off_then_on_after(Duration::ZERO) || recovered_in_log()
         })
         .await,
-        "readiness was off while the queue's channel was down, then on again: {changes:?}"
+        "readiness was off while the queue's channel was down, then on again: {changes:?}; log:\n{}",
+        logs.render(from)
     );
     assert!(
         eventually(SECS(10), || async { health.is_ready() }).await,
