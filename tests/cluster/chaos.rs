@@ -337,6 +337,66 @@ async fn queue_state(q: &str) -> Option<(u64, u64)> {
     })
 }
 
+/// What the broker says while a recovery takes long: from 10 s after a
+/// fault, every 10 s, the queue's ready and unacknowledged counts, its
+/// consumers (channel, prefetch, active) and the connections, so that a
+/// stall can be told apart (consumers listed but not delivered to, a stale
+/// consumer holding messages, no consumer at all). Aborted once recovered.
+async fn stall_report(q: String, published: Arc<Published>) {
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(SECS(10)).await;
+        let confirmed = published.count.load(Ordering::Relaxed);
+        let queues = ctl_any(
+            &ALL,
+            &[
+                "list_queues",
+                "--no-table-headers",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+                "leader",
+                "online",
+            ],
+        )
+        .await
+        .unwrap_or_else(|e| e);
+        let consumers = ctl_any(
+            &ALL,
+            &[
+                "list_consumers",
+                "--no-table-headers",
+                "queue_name",
+                "channel_pid",
+                "prefetch_count",
+                "active",
+            ],
+        )
+        .await
+        .unwrap_or_else(|e| e);
+        let connections = ctl_any(
+            &ALL,
+            &["list_connections", "--no-table-headers", "pid", "name", "state"],
+        )
+        .await
+        .unwrap_or_else(|e| e);
+        let of_q = |out: &str| {
+            out.lines()
+                .filter(|l| l.starts_with(q.as_str()))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        eprintln!(
+            "chaos: still recovering {:.0?} after the fault ({confirmed} confirmed): queue [{}]; consumers [{}]; connections [{}]",
+            started.elapsed(),
+            of_q(&queues),
+            of_q(&consumers),
+            connections.lines().collect::<Vec<_>>().join(" | ")
+        );
+    }
+}
+
 /// The pids of the connections an instance named `acemq-shop@HOST:{pid}`.
 async fn connections_of(pid: u32) -> Vec<String> {
     let Ok(out) = ctl_any(
@@ -606,6 +666,7 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
         let at = now();
         let detail = inject(kind, &mut rng, &mut shops, &cluster, &published).await;
         let since = Instant::now();
+        let diagnose = tokio::spawn(stall_report(q.clone(), published.clone()));
         let running = eventually(SECS(90), || async {
             all_running(0).await || all_running(1).await
         })
@@ -616,6 +677,7 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
             published.count.load(Ordering::Relaxed) > before + 20
         })
         .await;
+        diagnose.abort();
         if kind == Fault::QueueDeleted {
             held.push((at, now()));
         }
