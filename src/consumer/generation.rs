@@ -1,6 +1,8 @@
 //! One generation's state ([`Generation`]) and its transitions: what a
-//! delivery, the end of the stream, a loss, a finished handler and the
-//! hand-back do to it, and when a buffered delivery may start.
+//! delivery, the end of the stream, a stop, the broker's answer to the
+//! drain's cancel, a loss, a finished handler and the hand-back do to it,
+//! and when a buffered delivery may start. Where the generation is in its
+//! life is its [`Phase`].
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -17,6 +19,7 @@ use tower::Service;
 use tracing::{debug, warn};
 
 use super::handler::{start_handler, Finished, Released};
+use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
 use super::struck::Struck;
@@ -61,14 +64,13 @@ pub(super) struct Generation<'a, S> {
     pub(super) intake: &'a CancellationToken,
     pub(super) ledger: Ledger,
     pub(super) ops: Vec<Frame>,
-    /// The stream is still read.
+    /// Consuming, stopping, the cancel answered, or lost; changed only by
+    /// [`stop`](Self::stop), [`answer_cancel`](Self::answer_cancel) and
+    /// [`lose`](Self::lose).
+    pub(super) phase: Phase,
+    /// The stream is still read (it ends apart from the phase: see
+    /// [`Phase`]).
     pub(super) reading: bool,
-    /// The drain stopped intake.
-    pub(super) stopping: bool,
-    /// The broker answered the drain's `basic.cancel`.
-    pub(super) cancel_answered: bool,
-    /// The channel is gone: outcomes are orphans.
-    pub(super) lost: bool,
     /// A flush of everything held is due.
     pub(super) force_flush: bool,
     pub(super) ended: Option<oneshot::Sender<End>>,
@@ -88,23 +90,48 @@ where
 
     /// A delivery arrived.
     pub(super) fn receive(&mut self, raw: lapin::message::Delivery) {
-        if self.lost {
-            return;
+        match self.phase {
+            Phase::Lost => return,
+            Phase::CancelAnswered => {
+                self.stats
+                    .buffered_after_cancel
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Phase::Consuming | Phase::Stopping => {}
         }
         self.ledger.receive(raw.delivery_tag);
-        if self.cancel_answered {
-            self.stats
-                .buffered_after_cancel
-                .fetch_add(1, Ordering::Relaxed);
-        }
         self.buffer.push_back((raw, Instant::now()));
+    }
+
+    /// The drain stopped intake: what is held goes out. False when the
+    /// phase did not change (not consuming).
+    pub(super) fn stop(&mut self) -> bool {
+        if !self.phase.stop() {
+            return false;
+        }
+        self.force_flush = true;
+        true
+    }
+
+    /// The broker answered the drain's `basic.cancel` (once stopping):
+    /// what is held goes out, and what it had sent ahead and is still here
+    /// is counted. False when the phase did not change.
+    pub(super) fn answer_cancel(&mut self) -> bool {
+        if !self.phase.answer_cancel() {
+            return false;
+        }
+        self.force_flush = true;
+        self.stats
+            .buffered_after_cancel
+            .fetch_add(self.buffer.len(), Ordering::Relaxed);
+        true
     }
 
     /// The stream ended (`None`).
     pub(super) fn stream_ended(&mut self) {
         self.reading = false;
         self.force_flush = true;
-        if self.stopping {
+        if self.phase.is_stopping() {
             self.end(End::Drained);
         } else if self.stats.parked.load(Ordering::Acquire) {
             // The runner cancelled this consumer (frames on one channel are
@@ -129,10 +156,9 @@ where
     /// The channel or its connection is gone.
     pub(super) fn lose(&mut self, error: lapin::Error) {
         self.reading = false;
-        if self.lost {
+        if !self.phase.lose() {
             return;
         }
-        self.lost = true;
         if let Some(why) = Timeout::of_close(&error) {
             self.timed_out(why);
         }
@@ -199,7 +225,7 @@ where
             self.held_handed_back(tag);
             return;
         }
-        if self.lost || !self.channel.status().connected() {
+        if self.phase.is_lost() || !self.channel.status().connected() {
             self.stats.orphaned.fetch_add(1, Ordering::Relaxed);
             self.outcomes.orphaned.increment(1);
             debug!(queue = %self.queue, delivery_tag = tag, outcome = decision.outcome(), "dropping the outcome of an orphaned delivery (its channel is gone; the broker redelivers it)");
@@ -224,7 +250,7 @@ where
     /// claim): it goes back like a buffered one; on a lost channel the
     /// broker has it already.
     fn held_handed_back(&mut self, tag: u64) {
-        if self.lost || !self.channel.status().connected() {
+        if self.phase.is_lost() || !self.channel.status().connected() {
             debug!(queue = %self.queue, delivery_tag = tag, "a delivery held before its handler went back with the channel");
             return;
         }
@@ -246,9 +272,7 @@ where
 
     /// Whether a buffered delivery may start now (apart from readiness).
     fn may_start(&self) -> bool {
-        !self.lost
-            && !self.buffer.is_empty()
-            && (!self.stopping || self.policy == PrefetchPolicy::HandleBuffered)
+        self.phase.starts_buffered(self.policy) && !self.buffer.is_empty()
     }
 
     /// Starts the next buffered delivery if the stack is ready (its claim

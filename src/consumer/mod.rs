@@ -1,8 +1,13 @@
 //! The consumer loop: one per queue and generation (a queue's connection
 //! and channel), on its own channel.
 //!
-//! The loop's state is [`Generation`](generation::Generation): a named state
-//! whose transitions are methods, driven by one hand-written poll. Its rules:
+//! The loop's state is [`Generation`](generation::Generation); where it is
+//! in its life is its [`Phase`](phase::Phase) — consuming, stopping (the
+//! drain stopped intake), the cancel answered (the broker answered the
+//! drain's `basic.cancel`), or lost — a named state whose transitions are
+//! methods (`stop`, `answer_cancel`, `lose`): it only moves forward, and a
+//! lost generation stays lost. One hand-written poll drives it, as rounds
+//! of named steps. Its rules:
 //!
 //! - **Intake.** The stream is read eagerly into the generation's buffer
 //!   (the broker sends at most `prefetch` ahead), so the end of the stream —
@@ -42,6 +47,8 @@
 //!   order (signals, intake, finished handlers, hand-back, starts, flush,
 //!   settles);
 //! - `generation`: the generation's state and its transitions, and [`End`];
+//! - `phase`: where the generation is in its life (consuming, stopping,
+//!   the cancel answered, lost) and the transitions between those;
 //! - `handler`: one handler's future ([`Released`] says when the pause gate
 //!   let it through);
 //! - `stats`: the queue's counters ([`QueueStats`]) and metric handles;
@@ -52,6 +59,7 @@
 
 mod generation;
 mod handler;
+mod phase;
 mod rounds;
 mod run;
 mod stats;

@@ -19,7 +19,7 @@ use tracing::debug;
 
 use super::generation::Generation;
 use super::handler::{Finished, Released};
-use crate::config::PrefetchPolicy;
+use super::phase::Phase;
 use crate::settle::wire::Writer;
 
 /// How many rounds one poll of the loop may make before it yields to the
@@ -47,20 +47,58 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     pub(super) st: Generation<'a, S>,
     pub(super) consumer: &'p mut Consumer,
     pub(super) intake: &'w CancellationToken,
-    /// The drain stopped intake.
+    /// The drain stopped intake (watched while consuming).
     pub(super) stop: Pin<&'p mut WaitForCancellationFuture<'w>>,
-    /// The broker answered the drain's `basic.cancel`.
+    /// The broker answered the drain's `basic.cancel` (watched while
+    /// stopping).
     pub(super) cancel_answered: Pin<&'p mut WaitForCancellationFuture<'w>>,
-    /// The handlers' cancellation (watched only once `stopping`).
-    pub(super) handlers_cancelled: Pin<&'p mut WaitForCancellationFuture<'w>>,
-    /// Every running handler has been woken for its cancellation.
-    pub(super) cancel_woken: bool,
+    /// The handlers' cancellation (watched once intake stopped; a loss
+    /// fires it at once), until every running handler has been woken for
+    /// it: then `None`.
+    pub(super) handlers_cancelled: Option<Pin<&'p mut WaitForCancellationFuture<'w>>>,
     /// The time bound of what the ledger holds.
-    pub(super) timer: Pin<&'p mut Sleep>,
-    pub(super) timer_armed: bool,
+    pub(super) timer: Timer<'p>,
     /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
-    pub(super) check: Pin<&'p mut Sleep>,
-    pub(super) check_armed: bool,
+    pub(super) check: Timer<'p>,
+}
+
+/// A timer armed when a wait starts and disarmed when it is over (a
+/// `Sleep` the loop keeps pinned and resets).
+pub(super) struct Timer<'p> {
+    sleep: Pin<&'p mut Sleep>,
+    armed: bool,
+}
+
+impl<'p> Timer<'p> {
+    pub(super) fn new(sleep: Pin<&'p mut Sleep>) -> Self {
+        Self {
+            sleep,
+            armed: false,
+        }
+    }
+
+    /// Arms the timer to fire `after` from now unless it is armed, and
+    /// polls it: whether it fired.
+    fn fired(&mut self, after: Duration, cx: &mut Context<'_>) -> bool {
+        if !self.armed {
+            self.sleep
+                .as_mut()
+                .reset(tokio::time::Instant::now() + after);
+            self.armed = true;
+        }
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
+
+    /// The clock is past the armed timer's deadline (tokio may not have
+    /// fired it yet).
+    fn passed(&self) -> bool {
+        tokio::time::Instant::now() >= self.sleep.deadline()
+    }
+
+    /// The wait is over: the next one arms it afresh.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl<'a, S, H> Rounds<'a, '_, '_, S, H>
@@ -79,18 +117,7 @@ where
     ) -> Poll<()> {
         let mut budget = POLL_BUDGET;
         loop {
-            let mut progressed = self.notice_stop(cx);
-            progressed |= self.notice_cancel_answered(cx);
-            progressed |= self.notice_handlers_cancelled(cx);
-            progressed |= self.read_stream(cx);
-            progressed |= self.watch_channel(cx);
-            progressed |= self.collect_finished(cx);
-            progressed |= self.hand_back();
-            progressed |= self.start_handlers(cx, &mut start);
-            self.flush_ledger(cx);
-            progressed |= self.send_settles(cx);
-            progressed |= self.poll_settles(cx);
-            self.st.publish_gauges(self.settles.len());
+            let progressed = self.round(cx, &mut start);
             if self.finished() {
                 return Poll::Ready(());
             }
@@ -105,46 +132,61 @@ where
         }
     }
 
-    /// The drain stopped intake: what is held goes out.
-    fn notice_stop(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.st.stopping && self.stop.as_mut().poll(cx).is_ready() {
-            self.st.stopping = true;
-            self.st.force_flush = true;
-            return true;
-        }
-        false
+    /// One round: every step once, in this order; whether any progressed.
+    fn round(
+        &mut self,
+        cx: &mut Context<'_>,
+        start: &mut impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
+    ) -> bool {
+        let mut progressed = self.notice_stop(cx);
+        progressed |= self.notice_cancel_answered(cx);
+        progressed |= self.notice_handlers_cancelled(cx);
+        progressed |= self.read_stream(cx);
+        progressed |= self.watch_channel(cx);
+        progressed |= self.collect_finished(cx);
+        progressed |= self.hand_back();
+        progressed |= self.start_handlers(cx, start);
+        self.flush_ledger(cx);
+        progressed |= self.send_settles(cx);
+        progressed |= self.poll_settles(cx);
+        self.st.publish_gauges(self.settles.len());
+        progressed
     }
 
-    /// Once intake stopped: the broker answered the drain's `basic.cancel`.
+    /// While consuming: the drain stopped intake.
+    fn notice_stop(&mut self, cx: &mut Context<'_>) -> bool {
+        self.st.phase == Phase::Consuming
+            && self.stop.as_mut().poll(cx).is_ready()
+            && self.st.stop()
+    }
+
+    /// While stopping: the broker answered the drain's `basic.cancel`.
     fn notice_cancel_answered(&mut self, cx: &mut Context<'_>) -> bool {
-        let st = &mut self.st;
-        if st.stopping && !st.cancel_answered && self.cancel_answered.as_mut().poll(cx).is_ready() {
-            st.cancel_answered = true;
-            st.force_flush = true;
-            // What the broker had sent ahead and is still here.
-            st.stats
-                .buffered_after_cancel
-                .fetch_add(st.buffer.len(), Ordering::Relaxed);
-            return true;
-        }
-        false
+        self.st.phase == Phase::Stopping
+            && self.cancel_answered.as_mut().poll(cx).is_ready()
+            && self.st.answer_cancel()
     }
 
     /// The generation is lost, or (once intake stopped) the handlers'
     /// cancellation fired: every running handler is woken, once.
     fn notice_handlers_cancelled(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.cancel_woken
-            && (self.st.lost
-                || (self.st.stopping && self.handlers_cancelled.as_mut().poll(cx).is_ready()))
-        {
-            self.cancel_woken = true;
-            // What is still held (before the claim) is not a handler to
-            // cancel: it goes back at once.
-            self.st.lifeline.hand_back_held();
-            self.handlers.wake_all();
-            return true;
+        let Some(cancelled) = self.handlers_cancelled.as_mut() else {
+            return false;
+        };
+        let fired = match self.st.phase {
+            Phase::Consuming => false,
+            Phase::Stopping | Phase::CancelAnswered => cancelled.as_mut().poll(cx).is_ready(),
+            Phase::Lost => true,
+        };
+        if !fired {
+            return false;
         }
-        false
+        self.handlers_cancelled = None;
+        // What is still held (before the claim) is not a handler to cancel:
+        // it goes back at once.
+        self.st.lifeline.hand_back_held();
+        self.handlers.wake_all();
+        true
     }
 
     /// Intake: read eagerly, so a lost channel is seen at once.
@@ -169,13 +211,13 @@ where
     fn watch_channel(&mut self, cx: &mut Context<'_>) -> bool {
         let st = &mut self.st;
         let busy = !self.handlers.is_empty() || st.ledger.held() > 0 || !self.settles.is_empty();
-        if st.reading || st.lost || !busy {
-            self.check_armed = false;
+        if st.reading || st.phase.is_lost() || !busy {
+            self.check.disarm();
             return false;
         }
         loop {
             if !st.channel.status().connected() {
-                self.check_armed = false;
+                self.check.disarm();
                 st.lose(
                     lapin::ErrorKind::InvalidChannelState(
                         lapin::ChannelState::Closed,
@@ -185,16 +227,10 @@ where
                 );
                 return true;
             }
-            if !self.check_armed {
-                self.check
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + CHANNEL_CHECK);
-                self.check_armed = true;
-            }
-            if self.check.as_mut().poll(cx).is_pending() {
+            if !self.check.fired(CHANNEL_CHECK, cx) {
                 return false;
             }
-            self.check_armed = false;
+            self.check.disarm();
         }
     }
 
@@ -213,7 +249,7 @@ where
     /// (each handler's future is woken to race the claim for its delivery).
     fn hand_back(&mut self) -> bool {
         let st = &mut self.st;
-        if !st.cancel_answered || st.policy != PrefetchPolicy::HandBack {
+        if !st.phase.hands_back(st.policy) {
             return false;
         }
         let mut progressed = false;
@@ -251,30 +287,21 @@ where
             // waits for a settle, so waiting out the delay would
             // only stall it. Idle otherwise (more is on its way, or
             // the queue ran dry): the delay bounds the hold.
-            let idle = self.handlers.is_empty() && (st.buffer.is_empty() || st.lost);
-            let stalled = idle && (st.lost || st.ledger.window_full());
+            let lost = st.phase.is_lost();
+            let idle = self.handlers.is_empty() && (st.buffer.is_empty() || lost);
+            let stalled = idle && (lost || st.ledger.window_full());
             let mut force = st.force_flush || stalled || !st.reading;
-            if !force {
-                if !self.timer_armed {
-                    self.timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + st.ledger.delay());
-                    self.timer_armed = true;
-                }
-                // The timer, or the clock: tokio fires timers only when a
-                // worker parks or every few dozen task polls, so a loop kept
-                // busy by a saturated queue could otherwise hold a run well
-                // past its bound (seen: 16 ms against 2 ms). Every round
-                // that holds acknowledgements reads the clock instead.
-                if self.timer.as_mut().poll(cx).is_ready()
-                    || tokio::time::Instant::now() >= self.timer.deadline()
-                {
-                    force = true;
-                }
+            // The timer, or the clock: tokio fires timers only when a
+            // worker parks or every few dozen task polls, so a loop kept
+            // busy by a saturated queue could otherwise hold a run well
+            // past its bound (seen: 16 ms against 2 ms). Every round that
+            // holds acknowledgements reads the clock instead.
+            if !force && (self.timer.fired(st.ledger.delay(), cx) || self.timer.passed()) {
+                force = true;
             }
             st.ledger.flush(force, &mut st.ops);
             if force || st.ledger.held() == 0 {
-                self.timer_armed = false;
+                self.timer.disarm();
             }
         }
         st.force_flush = false;

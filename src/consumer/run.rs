@@ -17,7 +17,8 @@ use tracing::debug;
 
 use super::generation::{End, Generation};
 use super::handler::Released;
-use super::rounds::Rounds;
+use super::phase::Phase;
+use super::rounds::{Rounds, Timer};
 use super::stats::{LoopGauge, OutcomeCounters, QueueStats};
 use super::strikes::Started;
 use super::struck::Struck;
@@ -93,10 +94,8 @@ where
             intake: &intake,
             ledger: Ledger::new(bounds),
             ops: Vec::new(),
+            phase: Phase::Consuming,
             reading: true,
-            stopping: false,
-            cancel_answered: false,
-            lost: false,
             force_flush: false,
             ended: Some(ended),
         };
@@ -111,8 +110,8 @@ where
         // is polled once more after its first `Pending`.
         // Only two things cancel it: the loop itself when the generation is
         // lost, and the drain at its deadline — after it stopped intake. So
-        // the token is watched only once `stopping` (no lock per round of
-        // the loop while it consumes), and a loss wakes at once.
+        // the token is watched only once the phase is stopping (no lock per
+        // round of the loop while it consumes), and a loss wakes at once.
         let cancel_seen = st.cancel.clone();
         let handlers_cancelled = cancel_seen.cancelled();
         let stop = intake.cancelled();
@@ -128,12 +127,9 @@ where
             intake: &intake,
             stop,
             cancel_answered,
-            handlers_cancelled,
-            cancel_woken: false,
-            timer,
-            timer_armed: false,
-            check,
-            check_armed: false,
+            handlers_cancelled: Some(handlers_cancelled),
+            timer: Timer::new(timer),
+            check: Timer::new(check),
         };
         poll_fn(|cx| rounds.poll(cx, Generation::poll_start)).await;
         rounds.st.publish_gauges(0);
