@@ -5,6 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Extensions;
 
+use crate::in_flight::slot::SlotCell;
 use crate::lifeline::{Cancellation, ClaimCell, Lifeline};
 use crate::sync::CancellationToken;
 
@@ -99,6 +100,9 @@ struct Shared {
     redelivered: bool,
     lifeline: Lifeline,
     claim: ClaimCell,
+    // The concurrency permit the claim took, while the delivery holds it
+    // (see the in-flight module's docs, "Confirming").
+    slot: SlotCell,
 }
 
 /// Builds a [`Delivery`]; used by the transport binding, tests and benches.
@@ -185,6 +189,7 @@ impl DeliveryBuilder {
                 redelivered: self.redelivered,
                 lifeline: self.lifeline.unwrap_or_default(),
                 claim: ClaimCell::new(),
+                slot: SlotCell::default(),
             }),
             attempt,
             token: self.token,
@@ -365,6 +370,43 @@ impl Delivery {
         }
         self.shared.claim.claim()
     }
+    /// Whether the delivery is *confirming*: claimed, its handler done,
+    /// and its handler slot (the concurrency permit its claim took) given
+    /// up while only the confirm of its rung or dead-letter copy is
+    /// awaited (see [`Outgoing::queued`](crate::Outgoing::queued)). It is
+    /// still in flight: counted, waited for by the drain, settled only
+    /// once the confirm is in.
+    pub fn is_confirming(&self) -> bool {
+        self.shared.slot.is_confirming()
+    }
+    /// The claim keeps the delivery's permit here; the returned handle
+    /// gives it back when the claim ends (dropped). The permit is returned
+    /// if the delivery already keeps one (a second claim point).
+    pub(crate) fn hold_slot(
+        &self,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<SlotHandle, tokio::sync::OwnedSemaphorePermit> {
+        self.shared.slot.hold(permit)?;
+        Ok(SlotHandle(self.shared.clone()))
+    }
+    /// Gives the handler slot up (held → confirming); nothing if the
+    /// delivery holds none.
+    pub(crate) fn release_slot(&self) -> bool {
+        self.shared.slot.release()
+    }
+    /// Takes a handler slot again if the delivery gave its up (a rung copy
+    /// refused after it was queued: the delivery is retried here, and its
+    /// next attempt runs a handler). Waits for a permit like a claim does;
+    /// cancel-safe (dropped, the delivery stays confirming).
+    pub(crate) async fn take_slot_back(&self) {
+        let Some(semaphore) = self.shared.slot.given_up() else {
+            return;
+        };
+        // The semaphore is never closed.
+        if let Ok(permit) = semaphore.acquire_owned().await {
+            self.shared.slot.take_back(permit);
+        }
+    }
     /// User extensions.
     pub fn extensions(&self) -> &Extensions {
         &self.extensions
@@ -372,5 +414,22 @@ impl Delivery {
     /// User extensions, mutable.
     pub fn extensions_mut(&mut self) -> &mut Extensions {
         &mut self.extensions
+    }
+}
+
+/// A claim's hold on its delivery's handler slot: the permit goes back to
+/// its semaphore when the claim ends (this is dropped), whether the
+/// delivery still held it or not. One reference count, no allocation.
+pub(crate) struct SlotHandle(Arc<Shared>);
+
+impl Drop for SlotHandle {
+    fn drop(&mut self) {
+        self.0.slot.end();
+    }
+}
+
+impl std::fmt::Debug for SlotHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SlotHandle").field(&self.0.slot).finish()
     }
 }

@@ -42,6 +42,27 @@ pub struct Outgoing<'a> {
     pub headers: Headers,
 }
 
+impl Outgoing<'_> {
+    /// Tells the layer that published this copy that it is queued on the
+    /// channel and only its confirm is still awaited: the delivery gives up
+    /// its handler slot (the concurrency permit its claim took), so the
+    /// next delivery's handler can run while this confirm is outstanding.
+    /// The delivery becomes *confirming*: still in flight (counted, waited
+    /// for by the drain), still unacknowledged (bounded by the prefetch),
+    /// and settled only once the confirm is in. A [`Publish`]
+    /// implementation calls it between sending the copy and awaiting its
+    /// confirm; one that never calls it keeps the slot held until the
+    /// outcome exists, as a delivery without a claim point always does.
+    ///
+    /// If the copy then fails and the delivery is retried in this process
+    /// (a rung copy refused), the retry layer takes a slot back before the
+    /// next attempt. Calling it more than once, or for a delivery that
+    /// holds no slot, does nothing.
+    pub fn queued(&self) {
+        self.delivery.release_slot();
+    }
+}
+
 /// The error reply owed to the caller of a request that is being
 /// dead-lettered: the request carried `reply_to` and a `correlation_id`, so
 /// someone waits for an answer that will not come. The dead-letter layer
@@ -164,6 +185,10 @@ impl PublishError {
 pub trait Publish: Clone + Send + Sync + 'static {
     /// Publishes `message` and waits for the broker's confirm. An unroutable
     /// message is [`PublishError::Unroutable`], never success.
+    ///
+    /// Call [`Outgoing::queued`] once the copy is sent and only its confirm
+    /// is awaited: the delivery's handler slot is then free for the next
+    /// handler while the confirm is outstanding.
     fn publish(
         &self,
         message: Outgoing<'_>,

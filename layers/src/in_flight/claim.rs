@@ -139,8 +139,11 @@ where
         let slot = self.slot(req.queue_arc());
         // Counted before the inner `call` runs: a panic in it uncounts.
         let guard = Guard::new(slot);
-        let permit = self.permit.take();
-        ClaimFuture::claimed(self.inner.call(req), guard, permit)
+        // The permit goes into the delivery's shared part, where the layers
+        // below can give it up while only a copy's confirm is awaited; the
+        // handle gives it back when the claim ends.
+        let held = self.permit.take().map(|permit| req.hold_slot(permit));
+        ClaimFuture::claimed(self.inner.call(req), guard, held)
     }
 }
 

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::counter::{Guard, Shared};
+use crate::delivery::SlotHandle;
 use crate::sync::atomic::Ordering;
 use crate::sync::{self, OwnedNotified};
 
@@ -121,29 +122,36 @@ impl fmt::Debug for WaitIdle {
 
 pin_project! {
     /// Response future of [`Claim`](super::Claim): the inner future,
-    /// counted as in flight and holding its concurrency permit until it
-    /// completes or is dropped — or, for a delivery handed back before the
-    /// claim, [`Decision::HandBack`](crate::Decision::HandBack) at once,
-    /// the inner service never called.
+    /// counted as in flight until it completes or is dropped, and holding
+    /// its concurrency permit until then or until the layers below give it
+    /// up while only a copy's confirm is awaited (see the
+    /// [module docs](super#confirming)) — or, for a delivery handed back
+    /// before the claim, [`Decision::HandBack`](crate::Decision::HandBack)
+    /// at once, the inner service never called.
     #[must_use = "futures do nothing unless you `.await` or poll them"]
     pub struct ClaimFuture<F> {
         #[pin]
         inner: Option<F>,
         guard: Option<Guard>,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        slot: Option<ClaimSlot>,
     }
 }
+
+/// A claimed delivery's concurrency permit: kept in the delivery, where the
+/// layers below may give it up (the usual case), or kept here by a second
+/// claim point under a first.
+pub(crate) type ClaimSlot = Result<SlotHandle, tokio::sync::OwnedSemaphorePermit>;
 
 impl<F> ClaimFuture<F> {
     pub(crate) fn claimed(
         inner: F,
         guard: Guard,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        slot: Option<ClaimSlot>,
     ) -> Self {
         ClaimFuture {
             inner: Some(inner),
             guard: Some(guard),
-            permit,
+            slot,
         }
     }
 
@@ -151,7 +159,7 @@ impl<F> ClaimFuture<F> {
         ClaimFuture {
             inner: None,
             guard: None,
-            permit: None,
+            slot: None,
         }
     }
 }
@@ -170,7 +178,7 @@ where
         let output = std::task::ready!(inner.poll(cx));
         // Uncount and free the permit as soon as the result exists.
         this.guard.take();
-        this.permit.take();
+        this.slot.take();
         Poll::Ready(output)
     }
 }

@@ -59,6 +59,36 @@
 //! A delivery is claimed once: a retry's later attempts run under the
 //! claim, and clones of a delivery share it.
 //!
+//! # Confirming
+//!
+//! Between in flight and settled there is one more state. When a failing
+//! delivery's handler has returned and its rung or dead-letter copy has
+//! been sent, only the copy's confirm is still awaited: the delivery is
+//! **confirming**. It gives up its handler slot — the claim keeps the
+//! permit in the delivery's shared part, and the transport's
+//! [`Publish`](crate::Publish) implementation frees it with
+//! [`Outgoing::queued`](crate::Outgoing::queued) between sending the copy
+//! and awaiting its confirm — so the next delivery's handler runs while
+//! the confirm is outstanding, and a failure storm has more confirms
+//! outstanding than there are handlers. A confirming delivery
+//!
+//! - is still **in flight**: counted here until its outcome exists, so the
+//!   drain waits for it before it closes the publishing channel and settles;
+//! - still holds its **unacknowledged delivery**, so the broker's prefetch
+//!   bounds how many are confirming at once;
+//! - is settled only **after** its copy is confirmed (the layers' outcome
+//!   exists only then), exactly once;
+//! - is an **orphan** if its generation is lost meanwhile: its outcome is
+//!   never settled and the broker redelivers it (the
+//!   [`Lifeline`](crate::Lifeline)).
+//!
+//! A rung copy refused after it was sent leaves the delivery to be retried
+//! in process: the retry layer takes a slot back (waiting for a permit like
+//! a claim) before its in-process wait and next attempt.
+//! [`Delivery::is_confirming`] tells the state. Without a concurrency limit,
+//! or with a `Publish` that never calls `queued`, nothing changes: the
+//! delivery holds its slot until its outcome exists.
+//!
 //! # Example
 //!
 //! ```
@@ -118,6 +148,7 @@ mod counter;
 pub mod future;
 mod layer;
 mod service;
+pub(crate) mod slot;
 
 pub use claim::{Claim, ClaimLayer};
 pub use counter::InFlightCounter;
