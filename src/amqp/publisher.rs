@@ -301,6 +301,21 @@ impl Publisher {
         properties: BasicProperties,
         mandatory: bool,
     ) -> Result<(), PublishError> {
+        self.send_then(exchange, routing_key, body, properties, mandatory, || ())
+            .await
+    }
+
+    /// [`send_with`](Self::send_with), calling `queued` once the message is
+    /// sent on the channel, before its confirm is awaited.
+    async fn send_then(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+        queued: impl FnOnce(),
+    ) -> Result<(), PublishError> {
         let target = if exchange.is_empty() {
             routing_key.to_owned()
         } else {
@@ -327,9 +342,9 @@ impl Publisher {
                 properties,
             )
             .await
-            .map_err(transport)?
-            .await
             .map_err(transport)?;
+        queued();
+        let confirm = confirm.await.map_err(transport)?;
         match confirm {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
@@ -364,16 +379,21 @@ impl Publisher {
 }
 
 impl Publish for Publisher {
-    async fn publish(&self, message: Outgoing<'_>) -> Result<(), PublishError> {
-        let mut headers = message.headers;
+    async fn publish(&self, mut message: Outgoing<'_>) -> Result<(), PublishError> {
+        let mut headers = std::mem::take(&mut message.headers);
         // The broker's own redelivery counts are not the copy's.
         for name in acemq_layers::headers::REDELIVERY_COUNT_HEADERS {
             headers.remove(name);
         }
         crate::amqp::otel::inject_copy(&mut headers);
         let props = properties_to_lapin(message.delivery.properties(), &headers);
-        self.send("", message.queue, message.delivery.body(), props)
-            .await
+        // Sent: the delivery's handler slot is free for the next handler
+        // while this copy's confirm is outstanding (it is confirming).
+        let delivery = message.delivery;
+        self.send_then("", message.queue, delivery.body(), props, true, || {
+            message.queued()
+        })
+        .await
     }
 
     async fn reply_error(&self, reply: ErrorReply<'_>) -> Result<(), PublishError> {
