@@ -18,6 +18,7 @@ mod breaker;
 mod broker_cancel;
 mod coalesce;
 mod config_load;
+mod confirming;
 mod dead_letter;
 mod delay;
 mod delivery_limit;
