@@ -111,7 +111,10 @@ pub struct HealthSnapshot {
 pub struct QueueSnapshot {
     /// Queue name.
     pub name: String,
-    /// Handlers running now.
+    /// Deliveries in flight now: handlers running, and deliveries
+    /// *confirming* (their handler returned, their rung or dead-letter
+    /// copy sent and its confirm awaited, their handler slot already free),
+    /// so it can exceed the queue's `concurrency`.
     pub in_flight: usize,
     /// Deliveries held now: at the pause gate, and (a queue consumed in
     /// batches) in a batch being formed or waiting to run.

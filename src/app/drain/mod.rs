@@ -7,7 +7,12 @@
 //!    (`handle_buffered`), and paused gates close, handing back what they
 //!    hold (every gate closes at the deadline);
 //! 3. the handlers in flight on all queues are waited for together, within
-//!    what is left of `shutdown_timeout`;
+//!    what is left of `shutdown_timeout` — including deliveries that are
+//!    *confirming* (their handler returned and gave its concurrency permit
+//!    up; only their rung or dead-letter copy's confirm is awaited): they
+//!    stay counted in flight until the confirm is in and their outcome
+//!    exists, so the publishing channel is not closed under them and each
+//!    is settled after its copy is confirmed;
 //! 4. deadline passed (or a second signal): the handlers' tokens are
 //!    cancelled — cancellation is last, never first — and a handler still
 //!    running `abandon_after` later is abandoned;
