@@ -48,7 +48,8 @@ impl SlowConfirms {
 
     /// Waits (bounded) until `n` confirms are outstanding at once.
     async fn until_outstanding(&self, n: usize) {
-        self.until(&self.outstanding, n, "confirm(s) outstanding").await;
+        self.until(&self.outstanding, n, "confirm(s) outstanding")
+            .await;
     }
 
     /// Waits (bounded) until `n` copies were sent in all.
@@ -66,9 +67,9 @@ impl SlowConfirms {
                 sent.await;
             }
         };
-        tokio::time::timeout(BOUND, wait).await.unwrap_or_else(|_| {
-            panic!("{} {what}, never {n}", count.load(Ordering::SeqCst))
-        });
+        tokio::time::timeout(BOUND, wait)
+            .await
+            .unwrap_or_else(|_| panic!("{} {what}, never {n}", count.load(Ordering::SeqCst)));
     }
 }
 
@@ -154,7 +155,12 @@ async fn with_one_handler_slot_a_failure_storm_has_every_copys_confirm_outstandi
     // The confirms come: each outcome exists only now, once.
     publisher.confirms.add_permits(N);
     for r in running {
-        match tokio::time::timeout(BOUND, r).await.unwrap().unwrap().unwrap() {
+        match tokio::time::timeout(BOUND, r)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
             Decision::DeadLetter(d) => assert!(d.published, "settled after its copy's confirm"),
             other => panic!("expected a dead-letter, got {other:?}"),
         }
@@ -190,7 +196,11 @@ async fn a_publisher_that_never_says_its_copy_is_sent_keeps_the_slot_until_the_c
     publisher.until_sent(2).await;
     publisher.confirms.add_permits(1);
     for r in [a, b] {
-        tokio::time::timeout(BOUND, r).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(BOUND, r)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
     assert_eq!(handled.load(Ordering::SeqCst), 2);
     assert_eq!(counter.total(), 0);
@@ -205,11 +215,8 @@ async fn a_rung_copy_refused_after_it_was_sent_takes_a_slot_back_before_the_next
     publisher.nack_first.store(1, Ordering::SeqCst);
     publisher.confirms.add_permits(1);
     // Every delay is a broker wait (a rung); refused, it is waited here.
-    let mut policy = RetryPolicy::exponential(
-        3,
-        Duration::from_millis(1),
-        Duration::from_millis(1),
-    );
+    let mut policy =
+        RetryPolicy::exponential(3, Duration::from_millis(1), Duration::from_millis(1));
     policy.broker_wait_threshold = Duration::from_millis(1);
     policy.jitter = false;
     let attempts = Arc::new(AtomicUsize::new(0));
@@ -217,7 +224,11 @@ async fn a_rung_copy_refused_after_it_was_sent_takes_a_slot_back_before_the_next
     let (seen, slotless, slots) = (attempts.clone(), without_slot.clone(), permits.clone());
     let svc = ServiceBuilder::new()
         .layer(ClaimLayer::new(counter.clone()).concurrency(permits.clone()))
-        .layer(RetryLayer::new(policy, publisher.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy,
+            publisher.clone(),
+            CancellationToken::new(),
+        ))
         .service_fn(move |d: Delivery| {
             // This handler's delivery is the only one: it holds the only slot.
             if slots.available_permits() != 0 || d.is_confirming() {
@@ -248,17 +259,20 @@ async fn a_rung_copy_refused_after_it_was_sent_takes_a_slot_back_before_the_next
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rung_copy_confirmed_settles_as_a_retry_after_its_confirm_with_the_slot_given_up_meanwhile()
-{
+async fn a_rung_copy_confirmed_settles_as_a_retry_after_its_confirm_with_the_slot_given_up_meanwhile(
+) {
     let counter = InFlightCounter::new();
     let permits = Arc::new(Semaphore::new(1));
     let publisher = SlowConfirms::new();
-    let mut policy =
-        RetryPolicy::exponential(3, Duration::from_secs(60), Duration::from_secs(60));
+    let mut policy = RetryPolicy::exponential(3, Duration::from_secs(60), Duration::from_secs(60));
     policy.broker_wait_threshold = Duration::from_secs(1);
     let svc = ServiceBuilder::new()
         .layer(ClaimLayer::new(counter.clone()).concurrency(permits.clone()))
-        .layer(RetryLayer::new(policy, publisher.clone(), CancellationToken::new()))
+        .layer(RetryLayer::new(
+            policy,
+            publisher.clone(),
+            CancellationToken::new(),
+        ))
         .service_fn(|_d: Delivery| async { Err::<Decision, BoxError>("fails".into()) });
     let d = delivery(1);
     let running = tokio::spawn(svc.oneshot(d.clone()));
@@ -267,7 +281,12 @@ async fn a_rung_copy_confirmed_settles_as_a_retry_after_its_confirm_with_the_slo
     assert_eq!(permits.available_permits(), 1);
     assert_eq!(counter.total(), 1);
     publisher.confirms.add_permits(1);
-    match tokio::time::timeout(BOUND, running).await.unwrap().unwrap().unwrap() {
+    match tokio::time::timeout(BOUND, running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
         Decision::Retry(r) => assert!(matches!(r.via, RetryVia::Rung(_))),
         other => panic!("expected a retry on a rung, got {other:?}"),
     }

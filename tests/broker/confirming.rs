@@ -10,9 +10,7 @@ use std::time::Duration;
 use acemq::{BoxError, Config, Delivery};
 use lapin::BasicProperties;
 
-use crate::support::{
-    eventually, start_consuming, topology_queues, unique, Broker, QueueCleanup,
-};
+use crate::support::{eventually, start_consuming, topology_queues, unique, Broker, QueueCleanup};
 
 /// One queue, one handler slot, every retry on the 30 s rung.
 fn storm_config(q: &str) -> Config {
@@ -39,8 +37,8 @@ async fn take_all(broker: &mut Broker, queue: &str) -> Vec<usize> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_during_a_failure_storm_leaves_every_message_once_on_its_rung_or_back_in_its_queue(
-) {
+async fn a_drain_during_a_failure_storm_leaves_every_message_once_on_its_rung_or_back_in_its_queue()
+{
     const N: usize = 400;
     let q = unique("confirming-storm");
     let config = storm_config(&q);
@@ -64,7 +62,11 @@ async fn a_drain_during_a_failure_storm_leaves_every_message_once_on_its_rung_or
     let mut broker = Broker::new().await;
     let bodies: Vec<Vec<u8>> = (0..N).map(|i| i.to_string().into_bytes()).collect();
     broker
-        .publish_many(&q, &bodies, BasicProperties::default().with_delivery_mode(2))
+        .publish_many(
+            &q,
+            &bodies,
+            BasicProperties::default().with_delivery_mode(2),
+        )
         .await;
 
     // The storm is under way, then the drain begins in the middle of it.
@@ -89,7 +91,9 @@ async fn a_drain_during_a_failure_storm_leaves_every_message_once_on_its_rung_or
     let on_rung = take_all(&mut broker, &rung).await;
     let back = N - on_rung.len();
     assert!(
-        broker.wait_ready(&q, back as u32, Duration::from_secs(10)).await,
+        broker
+            .wait_ready(&q, back as u32, Duration::from_secs(10))
+            .await,
         "{back} message(s) back in the queue (ready: {:?})",
         broker.ready(&q).await
     );
@@ -109,5 +113,8 @@ async fn a_drain_during_a_failure_storm_leaves_every_message_once_on_its_rung_or
         on_rung.len(),
         "every copy on the rung was counted retried once its confirm came"
     );
-    assert!(!on_rung.is_empty(), "the storm sent copies before the drain");
+    assert!(
+        !on_rung.is_empty(),
+        "the storm sent copies before the drain"
+    );
 }

@@ -143,11 +143,7 @@ pin_project! {
 pub(crate) type ClaimSlot = Result<SlotHandle, tokio::sync::OwnedSemaphorePermit>;
 
 impl<F> ClaimFuture<F> {
-    pub(crate) fn claimed(
-        inner: F,
-        guard: Guard,
-        slot: Option<ClaimSlot>,
-    ) -> Self {
+    pub(crate) fn claimed(inner: F, guard: Guard, slot: Option<ClaimSlot>) -> Self {
         ClaimFuture {
             inner: Some(inner),
             guard: Some(guard),
