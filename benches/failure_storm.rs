@@ -16,6 +16,10 @@
 //!   `W` = concurrency (what `concurrency` handlers that each await their
 //!   confirm could reach at best), and `W` = `N` (everything pipelined).
 //!
+//! Under the table: the storm's most deliveries in flight at once (the
+//! health snapshot's count: handlers and deliveries confirming their copy),
+//! the confirm window the storm reaches.
+//!
 //! Medians of the rounds, the order rotated each round, the 1-min load
 //! average waited for (bounded) before each run, as in `throughput`. The
 //! ratios say where the time goes: near `W = concurrency` the rung rate is
@@ -72,6 +76,10 @@ struct Sample {
     per_s: f64,
     cpu_us_per_msg: f64,
     load: f64,
+    /// The storm's most deliveries in flight at once, as the health
+    /// snapshot counts them (handlers and confirming deliveries: beyond
+    /// `concurrency`, copies' confirms outstanding); 0 for plain lapin.
+    most_in_flight: usize,
 }
 
 fn config(queue: &str, prefetch: u16, concurrency: usize) -> Config {
@@ -125,8 +133,11 @@ async fn storm(broker: &Broker, n: usize, prefetch: u16, concurrency: usize) -> 
         .expect("acemq start");
     let health = running.health();
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut most_in_flight = 0;
     let end = loop {
-        if health.snapshot().queues[0].retried >= n {
+        let snapshot = health.snapshot();
+        most_in_flight = most_in_flight.max(snapshot.queues[0].in_flight);
+        if snapshot.queues[0].retried >= n {
             break Instant::now();
         }
         assert!(
@@ -144,6 +155,7 @@ async fn storm(broker: &Broker, n: usize, prefetch: u16, concurrency: usize) -> 
         per_s: n as f64 / took.as_secs_f64(),
         cpu_us_per_msg: cpu.total.as_secs_f64() * 1e6 / n as f64,
         load,
+        most_in_flight,
     }
 }
 
@@ -201,6 +213,7 @@ async fn plain(broker: &Broker, n: usize, window: usize) -> Sample {
         per_s: n as f64 / took.as_secs_f64(),
         cpu_us_per_msg: cpu.total.as_secs_f64() * 1e6 / n as f64,
         load,
+        most_in_flight: 0,
     }
 }
 
@@ -265,6 +278,14 @@ fn main() {
                     storm_rate / med(v, |s| s.per_s),
                 );
             }
+            let most: Vec<String> = samples[0]
+                .iter()
+                .map(|s| s.most_in_flight.to_string())
+                .collect();
+            println!(
+                "\nstorm: most deliveries in flight at once (handlers + confirming; concurrency {concurrency}, prefetch {prefetch}): {}",
+                most.join(", ")
+            );
             let loads: Vec<f64> = samples.iter().flatten().map(|s| s.load).collect();
             println!(
                 "\n1-min load average before each run: median {:.2}, max {:.2}",
