@@ -37,7 +37,9 @@
 //!   broker then sends nothing until a settle), when intake stops, when the broker
 //!   answered the cancel, and before the loop ends and closes its channel.
 //!   A handler's concurrency permit is released when the stack below the
-//!   claim returns, before its settle is sent.
+//!   claim returns, before its settle is sent — or earlier, once a rung or
+//!   dead-letter copy is sent and only its confirm is awaited (the delivery
+//!   is then confirming: still in flight, settled after the confirm).
 //!
 //! # Inside
 //!
