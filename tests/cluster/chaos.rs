@@ -107,6 +107,14 @@ fn run_secs() -> u64 {
 /// The fault kinds to draw from: `ACEMQ_CHAOS_FAULTS`, a comma-separated
 /// list of `sigkill`, `sigterm`, `close`, `delete`, `freeze`, `nodekill`.
 ///
+/// The longest a confirmed order may wait for its first handling: the
+/// longest fault (a node frozen 8 s), the heartbeat's detection and a
+/// reconnect, a declaration or consume bounded by `connect_timeout` (3 s)
+/// and tried again, with room for a loaded machine. A broker that never
+/// answered a consume used to leave the queue unconsumed for about a
+/// minute after a freeze.
+const LONGEST_WAIT: Duration = Duration::from_secs(30);
+
 /// The default leaves `delete` out: on this 3.10.8 cluster a quorum queue
 /// deleted again soon after its consumers declared it anew (both instances
 /// re-declare it within 0.2 s of the first deletion's `basic.cancel`) was
@@ -377,7 +385,13 @@ async fn stall_report(q: String, published: Arc<Published>) {
         .unwrap_or_else(|e| e);
         let connections = ctl_any(
             &ALL,
-            &["list_connections", "--no-table-headers", "pid", "name", "state"],
+            &[
+                "list_connections",
+                "--no-table-headers",
+                "pid",
+                "name",
+                "state",
+            ],
         )
         .await
         .unwrap_or_else(|e| e);
@@ -687,6 +701,12 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
             t0.elapsed().as_secs_f64(),
             kind.name()
         );
+        if recovered_in > SECS(10) {
+            eprintln!(
+                "chaos: a slow recovery (nodes running {running}, instances ready {ready}, publishing {progressing}); the instances' last lines:\n{}",
+                shops.warnings()
+            );
+        }
         assert!(running && ready && progressing, "{}\nno recovery within bounds after {}: {detail} (nodes {running}, instances {ready}, publishing {progressing})", shops.warnings(), kind.name());
         faults.push(Injected {
             kind,
@@ -704,7 +724,45 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
         queue_state(&q).await.is_some_and(|(m, _)| m == 0)
     })
     .await;
-    assert!(drained, "the queue emptied after publishing stopped");
+    if !drained {
+        let queues = ctl_any(
+            &ALL,
+            &[
+                "list_queues",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+            ],
+        )
+        .await;
+        let consumers = ctl_any(
+            &ALL,
+            &[
+                "list_consumers",
+                "queue_name",
+                "channel_pid",
+                "consumer_tag",
+                "prefetch_count",
+            ],
+        )
+        .await;
+        let channels = ctl_any(
+            &ALL,
+            &[
+                "list_channels",
+                "pid",
+                "connection",
+                "consumer_count",
+                "messages_unacknowledged",
+            ],
+        )
+        .await;
+        panic!(
+            "the queue did not empty within 120 s after publishing stopped (seed {seed}):\n{queues:?}\n{consumers:?}\n{channels:?}\n{}",
+            shops.warnings()
+        );
+    }
     while !shops.live.is_empty() {
         shops.stop(0, "-TERM", SECS(40)).await;
     }
@@ -749,6 +807,19 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
         "longest time with nothing handled while publishing (a publisher's stall included): {:.2} s (after: {})",
         report.longest_gap.0, report.longest_gap.1
     );
+    let unanswered: Vec<&str> = shops
+        .done
+        .iter()
+        .flat_map(|e| e.lines())
+        .filter(|l| l.contains("did not answer"))
+        .collect();
+    eprintln!(
+        "declarations or consumes the broker did not answer within connect_timeout (tried again): {}",
+        unanswered.len()
+    );
+    for l in unanswered.iter().take(20) {
+        eprintln!("  {l}");
+    }
     eprintln!("exit codes: {:?}", shops.exits);
     for f in &faults {
         eprintln!(
@@ -777,6 +848,12 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
         "confirmed orders never handled (seed {seed})"
     );
     assert_eq!(dlq_count, 0, "orders dead-lettered (seed {seed})");
+    assert!(
+        report.longest_wait.0 <= LONGEST_WAIT.as_secs_f64(),
+        "a confirmed order waited {:.1} s for its first handling (after: {}), above {LONGEST_WAIT:?}: a queue stayed unconsumed (seed {seed})",
+        report.longest_wait.0,
+        report.longest_wait.1
+    );
     for (kind, (_, _, worst)) in &report.duplicates {
         assert!(
             *worst <= BOUND,

@@ -12,7 +12,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tracing::{error, info, warn};
 
 use super::shared::{
-    open, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
+    consume_on, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
 };
 use crate::amqp::backoff::{Backoff, BACKOFF_MAX};
 use crate::amqp::topology::Topology;
@@ -116,14 +116,48 @@ impl Runner<'_> {
             () = shared.intake.cancelled() => return Next::Stop,
             c = shared.consume.connected() => c,
         };
+        // Each step is bounded by `connect_timeout`: a broker that takes a
+        // connection but never answers the queue's declaration or the
+        // consume (seen on a cluster after a node was frozen, for about a
+        // minute) would otherwise keep this queue unconsumed while it
+        // waits; a bounded step fails like any other and is tried again.
+        let bound = shared.config.connect_timeout;
+        let unanswered = |step: &str| StartError::Consume {
+            queue: q.name.clone(),
+            message: format!("the broker did not answer {step} within {bound:?} (connect_timeout)"),
+        };
+        let refused = |e: lapin::Error| StartError::Consume {
+            queue: q.name.clone(),
+            message: e.to_string(),
+        };
         let attempt = async {
-            declare_queue(&shared.topology, &q.name, &connection).await?;
-            open(&shared.name, q, &connection)
+            tokio::time::timeout(bound, declare_queue(&shared.topology, &q.name, &connection))
                 .await
-                .map_err(|e| StartError::Consume {
-                    queue: q.name.clone(),
-                    message: e.to_string(),
-                })
+                .map_err(|_| unanswered("the queue's declaration"))??;
+            let channel = tokio::time::timeout(bound, connection.create_channel())
+                .await
+                .map_err(|_| unanswered("channel.open"))?
+                .map_err(refused)?;
+            match tokio::time::timeout(bound, consume_on(&shared.name, q, &channel)).await {
+                Ok(Ok((consumer, tag))) => Ok(Opened {
+                    channel,
+                    consumer,
+                    tag,
+                }),
+                Ok(Err(e)) => Err(refused(e)),
+                Err(_) => {
+                    // Closed, not only dropped: a consume the broker
+                    // answers late must not leave a consumer no one reads
+                    // holding deliveries; the close cancels it, and the
+                    // broker requeues what it sent.
+                    let _ = tokio::time::timeout(
+                        crate::amqp::CLOSE_BOUND,
+                        channel.close(200, "basic.consume not answered in time".into()),
+                    )
+                    .await;
+                    Err(unanswered("basic.qos and basic.consume"))
+                }
+            }
         };
         let result = tokio::select! {
             () = shared.intake.cancelled() => return Next::Stop,

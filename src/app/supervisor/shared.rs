@@ -109,6 +109,20 @@ pub(crate) async fn open(
     connection: &Connection,
 ) -> Result<Opened, lapin::Error> {
     let channel = connection.create_channel().await?;
+    let (consumer, tag) = consume_on(name, q, &channel).await?;
+    Ok(Opened {
+        channel,
+        consumer,
+        tag,
+    })
+}
+
+/// `basic.qos` and a consumer for `q` on `channel`, with the consumer's tag.
+pub(crate) async fn consume_on(
+    name: &str,
+    q: &QueueConfig,
+    channel: &Channel,
+) -> Result<(Consumer, String), lapin::Error> {
     channel
         .basic_qos(q.prefetch, BasicQosOptions::default())
         .await?;
@@ -121,11 +135,7 @@ pub(crate) async fn open(
             FieldTable::default(),
         )
         .await?;
-    Ok(Opened {
-        channel,
-        consumer,
-        tag,
-    })
+    Ok((consumer, tag))
 }
 
 /// A generation registered as its queue's live one, its loop spawned.
