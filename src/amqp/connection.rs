@@ -355,25 +355,6 @@ async fn connect_via(
     }
 }
 
-/// Waits until the cell holds a connected connection and returns it; `None`
-/// once the cell's writer is gone with no connected connection in it. The
-/// one wait for "a live connection exists" (the publisher, the request/reply
-/// client and the supervisor's runners use it).
-pub(crate) async fn live(
-    cell: &mut tokio::sync::watch::Receiver<Option<Arc<Connection>>>,
-) -> Option<Arc<Connection>> {
-    loop {
-        if let Some(c) = cell.borrow_and_update().clone() {
-            if c.status().connected() {
-                return Some(c);
-            }
-        }
-        if cell.changed().await.is_err() {
-            return None;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

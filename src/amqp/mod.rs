@@ -1,4 +1,5 @@
 //! Everything that speaks AMQP to the broker: connecting ([`connection`]),
+//! the live connection of each role (`live`),
 //! declaring ([`topology`]), publishing with confirms ([`publisher`]),
 //! turning lapin's types into acemq's ([`convert`]), and the delivery's
 //! `process` span with its trace context (`span`, `otel`).
@@ -21,6 +22,7 @@ pub mod connection;
 pub mod convert;
 pub mod delay;
 pub(crate) mod delivery_limit;
+pub(crate) mod live;
 pub(crate) mod otel;
 pub mod publisher;
 pub(crate) mod span;

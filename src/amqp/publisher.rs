@@ -45,10 +45,10 @@ use acemq_layers::{ErrorReply, Headers, Outgoing, Properties, Publish, PublishEr
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
-use tokio::sync::watch;
 use tracing::warn;
 
 use crate::amqp::convert::{properties_to_lapin, short_string, try_properties_to_lapin, TooLong};
+use crate::amqp::live::Live;
 use crate::amqp::topology::{declare_one, Topology};
 
 mod options;
@@ -63,7 +63,7 @@ pub struct Publisher {
 }
 
 struct Inner {
-    connection: watch::Receiver<Option<Arc<Connection>>>,
+    connection: Live,
     channel: Mutex<Option<Channel>>,
     topology: OnceLock<Topology>,
     /// The delay buckets declared so far (see [`crate::amqp::delay`]).
@@ -92,8 +92,7 @@ impl Publisher {
     /// re-declares from when its queue was deleted.
     pub async fn new(connection: Arc<Connection>, topology: Topology) -> lapin::Result<Self> {
         let channel = confirm_channel(&connection).await?;
-        let (_tx, rx) = watch::channel(Some(connection));
-        let p = Publisher::detached(rx, Duration::from_secs(10));
+        let p = Publisher::detached(Live::fixed(connection), Duration::from_secs(10));
         *p.inner.channel.locked() = Some(channel);
         p.set_topology(topology);
         Ok(p)
@@ -101,10 +100,7 @@ impl Publisher {
 
     /// A publisher whose connection the runner provides (and replaces after
     /// a reconnect) through `connection`.
-    pub(crate) fn detached(
-        connection: watch::Receiver<Option<Arc<Connection>>>,
-        wait: Duration,
-    ) -> Self {
+    pub(crate) fn detached(connection: Live, wait: Duration) -> Self {
         Publisher {
             inner: Arc::new(Inner {
                 connection,
@@ -122,8 +118,7 @@ impl Publisher {
 
     /// The open connection, waiting up to `wait` for one.
     async fn connection(&self, target: &str) -> Result<Arc<Connection>, PublishError> {
-        let mut cell = self.inner.connection.clone();
-        match tokio::time::timeout(self.inner.wait, crate::amqp::connection::live(&mut cell)).await {
+        match tokio::time::timeout(self.inner.wait, self.inner.connection.wait()).await {
             Ok(Some(c)) => Ok(c),
             _ => Err(PublishError::transport(
                 target,
@@ -148,7 +143,7 @@ impl Publisher {
 
     /// The connection cell and the wait, for a client that rides the
     /// publishing connection.
-    pub(crate) fn connection_watch(&self) -> (watch::Receiver<Option<Arc<Connection>>>, Duration) {
+    pub(crate) fn connection_watch(&self) -> (Live, Duration) {
         (self.inner.connection.clone(), self.inner.wait)
     }
 
@@ -188,6 +183,11 @@ impl Publisher {
             while let Some(ev) = events.next().await {
                 if matches!(ev, Event::ConnectionUnblocked) || !conn.status().blocked() {
                     return;
+                }
+                if !conn.status().connected() {
+                    // lapin hands each event to one listener: this one may
+                    // have taken the loss from the supervisor's.
+                    self.inner.connection.suspect();
                 }
             }
         };
@@ -426,8 +426,7 @@ mod tests {
     async fn a_transport_failure_carries_its_underlying_error_as_its_source() {
         // A map with non-string keys is not JSON: serialising fails before
         // any connection is needed.
-        let (_tx, rx) = watch::channel(None);
-        let publisher = Publisher::detached(rx, Duration::from_millis(10));
+        let publisher = Publisher::detached(Live::default(), Duration::from_millis(10));
         let value: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
         let e = publisher.publish_json("", "q", &value).await.unwrap_err();
         assert!(matches!(e, PublishError::Transport { .. }), "{e:?}");

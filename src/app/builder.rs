@@ -5,16 +5,15 @@
 use crate::sync::Locked;
 use std::future::Future;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use acemq_layers::{BoxError, Classify, Delivery};
-use tokio::sync::watch;
 use tower::{Layer, Service};
 
 use super::error::start_failed;
 use super::generation::{StartCtx, Starter};
 use super::signals::Signals;
-use crate::amqp::connection::{ConnectRequest, ConnectionFactory};
+use crate::amqp::connection::{ConnectRequest, ConnectionFactory, ConnectionRole};
+use crate::amqp::live::LiveConnections;
 use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
 use crate::config::Config;
@@ -48,7 +47,9 @@ pub struct App {
     pub(super) policies: Vec<(String, acemq_layers::RetryPolicy)>,
     pub(super) health: Health,
     pub(super) publisher: Publisher,
-    pub(super) publish_tx: watch::Sender<Option<Arc<lapin::Connection>>>,
+    /// The live connection of each role: the supervisor writes them,
+    /// health and the publisher read them.
+    pub(super) connections: LiveConnections,
     /// Started after the topology is declared, stopped before the drain.
     pub(super) background: Vec<BackgroundStart>,
     /// Queues consumed in batches, by queue: checked against the config's
@@ -74,8 +75,11 @@ impl std::fmt::Debug for App {
 impl App {
     /// A runner for `config`, connecting to `AMQP_ADDR` (or the local default).
     pub fn new(config: Config) -> Self {
-        let (publish_tx, publish_rx) = watch::channel(None);
-        let publisher = Publisher::detached(publish_rx, config.connect_timeout);
+        let connections = LiveConnections::default();
+        let publisher = Publisher::detached(
+            connections.get(ConnectionRole::Publisher).clone(),
+            config.connect_timeout,
+        );
         App {
             config,
             addr: None,
@@ -83,9 +87,9 @@ impl App {
             factory: None,
             starters: Vec::new(),
             policies: Vec::new(),
-            health: Health::new(),
+            health: Health::reading(connections.clone()),
             publisher,
-            publish_tx,
+            connections,
             background: Vec::new(),
             batches: Vec::new(),
         }

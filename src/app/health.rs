@@ -1,6 +1,7 @@
 //! Readiness and health: what a load balancer and an operator read.
 //!
-//! Ready means both connections (consuming and publishing) are open, every
+//! Ready means both connections (consuming and publishing) are open — the
+//! live connection of each, as lapin reports it at the moment of the read —, every
 //! queue has a live consumer, and the drain has not begun; it turns false at
 //! the first step of the drain. A paused queue is still ready: a paused
 //! instance is healthy, and its admin routes must stay reachable. Wire it to a **readiness** probe, never to a liveness
@@ -15,6 +16,7 @@ use acemq_layers::{InFlightCounter, PauseHandle};
 use serde::Serialize;
 
 use crate::amqp::connection::ConnectionRole;
+use crate::amqp::live::{Live, LiveConnections};
 use crate::consumer::QueueStats;
 
 /// A cloneable handle on the process's readiness and per-queue state.
@@ -65,9 +67,9 @@ pub struct UnknownQueue(pub String);
 struct Inner {
     /// Which broker address each connection answered on (redacted).
     brokers: std::sync::Mutex<[Option<String>; 2]>,
-    connected: AtomicBool,
-    publisher_connected: AtomicBool,
-    blocked: AtomicBool,
+    /// The live connections, read here (whether each is open, whether the
+    /// broker blocks the publishing one), written by the supervisor.
+    connections: LiveConnections,
     draining: AtomicBool,
     /// Cancelled when the drain has ended.
     drained: tokio_util::sync::CancellationToken,
@@ -155,10 +157,26 @@ impl Health {
         Health::default()
     }
 
+    /// A handle reading `connections` (the cells an `App`'s supervisor
+    /// writes).
+    pub(crate) fn reading(connections: LiveConnections) -> Self {
+        Health {
+            inner: Arc::new(Inner {
+                connections,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// The live connection of `role`.
+    pub(crate) fn live(&self, role: ConnectionRole) -> &Live {
+        self.inner.connections.get(role)
+    }
+
     /// Both connections open, every queue consuming, not shutting down.
     pub fn is_ready(&self) -> bool {
-        self.inner.connected.load(Ordering::Acquire)
-            && self.inner.publisher_connected.load(Ordering::Acquire)
+        self.live(ConnectionRole::Consumer).is_connected()
+            && self.live(ConnectionRole::Publisher).is_connected()
             && !self.inner.draining.load(Ordering::Acquire)
             && !self
                 .inner
@@ -210,26 +228,12 @@ impl Health {
         &self.inner.in_flight
     }
 
-    pub(crate) fn set_connected(&self, role: ConnectionRole, connected: bool) {
-        let flag = match role {
-            ConnectionRole::Consumer => &self.inner.connected,
-            ConnectionRole::Publisher => &self.inner.publisher_connected,
-        };
-        flag.store(connected, Ordering::Release);
-    }
-
     pub(crate) fn set_broker(&self, role: ConnectionRole, broker: Option<String>) {
         let i = match role {
             ConnectionRole::Consumer => 0,
             ConnectionRole::Publisher => 1,
         };
         self.inner.brokers.locked()[i] = broker;
-    }
-
-    pub(crate) fn set_blocked(&self, role: ConnectionRole, blocked: bool) {
-        if role == ConnectionRole::Publisher {
-            self.inner.blocked.store(blocked, Ordering::Release);
-        }
     }
 
     pub(crate) fn set_draining(&self) {
@@ -332,9 +336,9 @@ impl Health {
         let [broker, publisher_broker] = self.inner.brokers.locked().clone();
         HealthSnapshot {
             ready: self.is_ready(),
-            connected: self.inner.connected.load(Ordering::Acquire),
-            publisher_connected: self.inner.publisher_connected.load(Ordering::Acquire),
-            publisher_blocked: self.inner.blocked.load(Ordering::Acquire),
+            connected: self.live(ConnectionRole::Consumer).is_connected(),
+            publisher_connected: self.live(ConnectionRole::Publisher).is_connected(),
+            publisher_blocked: self.live(ConnectionRole::Publisher).is_blocked(),
             broker,
             publisher_broker,
             draining: self.is_draining(),

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use acemq_layers::{PauseHandle, RetryPolicy};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
@@ -17,7 +17,7 @@ use super::builder::App;
 use super::error::StartError;
 use super::generation::Starter;
 use super::running::Running;
-use super::supervisor::{self, Conn, Opened, QueueSlot, Shared};
+use super::supervisor::{self, Opened, QueueSlot, Shared};
 use crate::amqp::connection::{
     connect_any_via, redact, ConnectOptions, ConnectionFactory, ConnectionRole, Via,
 };
@@ -53,7 +53,7 @@ impl App {
             policies,
             health,
             publisher,
-            publish_tx,
+            connections,
             background,
             batches,
         } = self;
@@ -67,15 +67,17 @@ impl App {
         let publish_conn = started.publish_conn;
         // Nothing below awaits: once the consumers are spawned, `Running`
         // exists to drain them.
-        publish_tx.send_replace(Some(publish_conn.clone()));
         publisher.set_topology(started.topology.clone());
         let slots = queue_slots(&plan.config, starters, &batches, &health);
-        let (consume_tx, _) = watch::channel(Some(consume_conn.clone()));
-        let link = Arc::new(Link::new(
-            consume_conn.clone(),
-            publish_conn.clone(),
-            plan.config.queues.len(),
-        ));
+        // The supervisor's cells get their first connections (health reads
+        // them connected from here).
+        connections
+            .get(ConnectionRole::Consumer)
+            .set(Some(consume_conn.clone()));
+        connections
+            .get(ConnectionRole::Publisher)
+            .set(Some(publish_conn.clone()));
+        let link = Arc::new(Link::new(connections, plan.config.queues.len()));
         let shared = Arc::new(Shared {
             link: link.clone(),
             addresses: plan.addresses,
@@ -86,21 +88,23 @@ impl App {
             health: health.clone(),
             publisher: publisher.clone(),
             topology: started.topology,
-            consume: Conn::new(ConnectionRole::Consumer, consume_tx),
-            publish: Conn::new(ConnectionRole::Publisher, publish_tx),
             intake: CancellationToken::new(),
             draining: CancellationToken::new(),
             root: CancellationToken::new(),
             tracker: TaskTracker::new(),
             config: plan.config,
         });
-        health.set_connected(ConnectionRole::Consumer, true);
-        health.set_connected(ConnectionRole::Publisher, true);
         // Every first generation is installed (registered for the drain,
         // its loop spawned) before `Running` exists.
         install_first_generations(&shared, started.first, [&consume_conn, &publish_conn]).await?;
-        tokio::spawn(supervisor::supervise(shared.clone(), true));
-        tokio::spawn(supervisor::supervise(shared.clone(), false));
+        tokio::spawn(supervisor::supervise(
+            shared.clone(),
+            ConnectionRole::Consumer,
+        ));
+        tokio::spawn(supervisor::supervise(
+            shared.clone(),
+            ConnectionRole::Publisher,
+        ));
         let background = background
             .into_iter()
             .map(|start| start(publisher.clone()))

@@ -281,11 +281,14 @@ fn not_found(health: &Health, e: UnknownQueue) -> Response {
 
 #[cfg(test)]
 mod tests {
-    //! The routes over a `Health` built in the crate (no broker): the queue
-    //! entries are added as the runner adds them. The broker test
-    //! (`tests/broker/admin.rs`) runs them over a real `App`.
+    //! The routes over a `Health` built in the crate: the queue entries are
+    //! added as the runner adds them, and where readiness is on, two
+    //! connections to the test broker are put in its cells as the
+    //! supervisor puts them (readiness reads lapin's status of each). The
+    //! broker test (`tests/broker/admin.rs`) runs them over a real `App`.
 
     use std::sync::Arc;
+    use std::time::Duration;
 
     use acemq_layers::PauseHandle;
     use axum::body::Body;
@@ -308,6 +311,22 @@ mod tests {
             })
             .collect();
         (health, gates)
+    }
+
+    /// Both of `health`'s connections open (to the test broker), as the
+    /// supervisor would put them in their cells: readiness reads them.
+    async fn open_both(health: &Health) -> Vec<Arc<lapin::Connection>> {
+        let addr = crate::connection::amqp_addr_from_env();
+        let mut open = Vec::new();
+        for role in [ConnectionRole::Consumer, ConnectionRole::Publisher] {
+            let c = crate::connection::connect(&addr, "admin-test", Duration::from_secs(5))
+                .await
+                .expect("the test broker");
+            let c = Arc::new(c);
+            health.live(role).set(Some(c.clone()));
+            open.push(c);
+        }
+        open
     }
 
     async fn call(router: &Router, method: &str, uri: &str) -> (StatusCode, String) {
@@ -344,8 +363,7 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(parse(&body)["ready"], json!(false));
 
-        health.set_connected(ConnectionRole::Consumer, true);
-        health.set_connected(ConnectionRole::Publisher, true);
+        let _open = open_both(&health).await;
         let (status, body) = call(&app, "GET", "/readyz").await;
         assert_eq!(status, StatusCode::OK);
         let snap = parse(&body);
@@ -400,8 +418,7 @@ mod tests {
     #[tokio::test]
     async fn pause_and_resume_answer_the_new_snapshot_and_leave_readiness_alone() {
         let (health, gates) = health_with(&["a", "b"]);
-        health.set_connected(ConnectionRole::Consumer, true);
-        health.set_connected(ConnectionRole::Publisher, true);
+        let _open = open_both(&health).await;
         let app = router(health.clone());
 
         let (status, body) = call(&app, "POST", "/queues/b/pause").await;

@@ -14,10 +14,11 @@ use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use super::{Reply, RpcError, RpcRequest, REPLY_TO};
+use crate::amqp::live::Live;
 
 type Pending = HashMap<String, oneshot::Sender<Result<Reply, RpcError>>>;
 
@@ -34,7 +35,7 @@ pub struct RpcClient {
 }
 
 struct Inner {
-    connection: watch::Receiver<Option<Arc<Connection>>>,
+    connection: Live,
     /// How long a call waits for a connection.
     wait: Duration,
     /// The channel that publishes requests and consumes their replies
@@ -65,15 +66,12 @@ impl RpcClient {
     /// in one, [`App::rpc_client`](crate::App::rpc_client) shares the
     /// publishing connection and follows its reconnects).
     pub fn new(connection: Arc<Connection>) -> Self {
-        let (tx, rx) = watch::channel(Some(connection));
-        // The sender is dropped: the receiver keeps its last value.
-        drop(tx);
-        RpcClient::on(rx, Duration::from_secs(10))
+        RpcClient::on(Live::fixed(connection), Duration::from_secs(10))
     }
 
     /// A client whose connection the runner provides (and replaces after a
     /// reconnect).
-    pub(crate) fn on(connection: watch::Receiver<Option<Arc<Connection>>>, wait: Duration) -> Self {
+    pub(crate) fn on(connection: Live, wait: Duration) -> Self {
         RpcClient {
             inner: Arc::new(Inner {
                 connection,
@@ -207,8 +205,7 @@ impl RpcClient {
     }
 
     async fn connection(&self) -> Result<Arc<Connection>, RpcError> {
-        let mut cell = self.inner.connection.clone();
-        match tokio::time::timeout(self.inner.wait, crate::amqp::connection::live(&mut cell)).await {
+        match tokio::time::timeout(self.inner.wait, self.inner.connection.wait()).await {
             Ok(Some(c)) => Ok(c),
             _ => Err(RpcError::ConnectionLost {
                 message: format!(

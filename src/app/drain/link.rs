@@ -7,9 +7,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use acemq_layers::PauseHandle;
-use lapin::{Channel, Connection};
+use lapin::Channel;
 
-use crate::amqp::connection::ConnectionRole;
+use crate::amqp::live::LiveConnections;
 use crate::consumer::QueueStats;
 
 /// One queue's live generation: its channel and consumer, its gate and
@@ -24,33 +24,22 @@ pub(crate) struct QueueHandle {
 }
 
 /// The live connections and the consumers on them; the supervisor
-/// replaces them after a loss. The drain reads them once, after it has
-/// begun (under the lock, so no new generation can start after it).
+/// replaces them after a loss. The drain reads the queues once, after it
+/// has begun (under the lock, so no new generation can start after it),
+/// and the connections when it closes them.
 pub(crate) struct Link {
-    consume: Mutex<Option<Arc<Connection>>>,
-    publish: Mutex<Option<Arc<Connection>>>,
+    /// The live connection of each role (the cells the supervisor writes).
+    pub(crate) connections: LiveConnections,
     /// Each queue's live generation, by config index.
     pub(crate) queues: Mutex<Vec<Option<QueueHandle>>>,
 }
 
 impl Link {
-    pub(crate) fn new(consume: Arc<Connection>, publish: Arc<Connection>, queues: usize) -> Self {
+    pub(crate) fn new(connections: LiveConnections, queues: usize) -> Self {
         Link {
-            consume: Mutex::new(Some(consume)),
-            publish: Mutex::new(Some(publish)),
+            connections,
             queues: Mutex::new(vec![None; queues]),
         }
-    }
-
-    pub(crate) fn connection(&self, role: ConnectionRole) -> &Mutex<Option<Arc<Connection>>> {
-        match role {
-            ConnectionRole::Consumer => &self.consume,
-            ConnectionRole::Publisher => &self.publish,
-        }
-    }
-
-    pub(super) fn current(&self, role: ConnectionRole) -> Option<Arc<Connection>> {
-        self.connection(role).locked().clone()
     }
 
     pub(crate) fn queues(&self) -> Vec<QueueHandle> {

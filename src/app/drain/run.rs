@@ -300,12 +300,14 @@ impl Drain {
         unanswered_close
     }
 
-    /// The publishing connection, then the consumers'; each reported as not
-    /// connected.
+    /// The publishing connection, then the consumers'; each cell is emptied
+    /// (health reads both as not connected). The supervisor stopped with
+    /// intake: from here the drain alone writes the cells.
     async fn close_connections(&mut self) -> Vec<String> {
         let mut unanswered_close = Vec::new();
         for role in [ConnectionRole::Publisher, ConnectionRole::Consumer] {
-            if let Some(connection) = self.link.current(role) {
+            let live = self.link.connections.get(role);
+            if let Some(connection) = live.current() {
                 if connection.status().connected()
                     && tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))
                         .await
@@ -317,7 +319,7 @@ impl Drain {
                     ));
                 }
             }
-            self.health.set_connected(role, false);
+            live.set(None);
         }
         unanswered_close
     }

@@ -1,7 +1,6 @@
 //! A connection's supervisor: watches one of the two connections and, when
 //! it is lost, reopens it with capped, jittered backoff.
 
-use crate::sync::Locked;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,35 +9,31 @@ use futures::{FutureExt, Stream, StreamExt};
 use lapin::{Connection, Event};
 use tracing::{info, warn};
 
-use super::shared::{sleep_or_stop, Conn, Next, Shared};
+use super::shared::{sleep_or_stop, Next, Shared};
 use crate::amqp::backoff::Backoff;
-use crate::amqp::connection::{connect_any_via, Via};
+use crate::amqp::connection::{connect_any_via, ConnectionRole, Via};
+use crate::amqp::live::Live;
 use crate::app::error::StartError;
 
 /// How often a connection's status is looked at again when no event came.
 const STATUS_RECHECK: Duration = Duration::from_secs(1);
 
-/// Watches one connection; when it is lost, reopens it with capped, jittered
-/// backoff (declaring the topology again first, for the consuming one) and
-/// publishes the new one. Stops when the drain begins, also mid-outage.
-pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
-    let conn = if consuming {
-        &shared.consume
-    } else {
-        &shared.publish
-    };
-    let role = conn.role;
+/// Watches the connection of `role`; when it is lost, reopens it with
+/// capped, jittered backoff (declaring the topology again first, for the
+/// consuming one) and puts the new one in its cell. Stops when the drain
+/// begins, also mid-outage.
+pub(crate) async fn supervise(shared: Arc<Shared>, role: ConnectionRole) {
+    let live = shared.live(role);
     loop {
-        let Some(connection) = conn.current() else {
+        let Some(connection) = live.current() else {
             return;
         };
-        let error = match watch_events(&shared, conn, &connection).await {
+        let error = match watch_events(&shared, role, live, &connection).await {
             Next::On(error) => error,
             Next::Again | Next::Stop => return,
         };
-        conn.tx.send_replace(None);
-        shared.health.set_connected(role, false);
-        shared.health.set_blocked(role, false);
+        // Readiness is off from here (health reads the empty cell).
+        live.set(None);
         // The one line for this loss (lapin's own ERROR events about it are
         // for `acemq::log::LAPIN_DIRECTIVE` to keep out).
         let error = error.map(|e| format!(" ({e})")).unwrap_or_default();
@@ -47,21 +42,23 @@ pub(crate) async fn supervise(shared: Arc<Shared>, consuming: bool) {
             "the {} connection to the broker was lost{error}; reconnecting with backoff (readiness is off until then)",
             role.as_str()
         );
-        if let Next::Stop = reconnect(&shared, conn, consuming).await {
+        if let Next::Stop = reconnect(&shared, role, live).await {
             return;
         }
     }
 }
 
-/// Watches `connection` (its events, and its status) until it is lost
-/// (`Next::On`, with lapin's error when it reported one); `Next::Stop` when
-/// the drain begins.
+/// Watches `connection` (its events, and its status whenever it wakes)
+/// until it is lost (`Next::On`, with lapin's error when it reported one);
+/// `Next::Stop` when the drain begins.
 async fn watch_events(
     shared: &Shared,
-    conn: &Conn,
+    role: ConnectionRole,
+    live: &Live,
     connection: &Connection,
 ) -> Next<Option<lapin::Error>> {
-    let role = conn.role;
+    // The listener before the first look at the status: a loss in between
+    // is queued as an event, not missed.
     let mut events: Pin<Box<dyn Stream<Item = Event> + Send>> =
         Box::pin(connection.events_listener());
     let mut lost_with = None;
@@ -77,19 +74,18 @@ async fn watch_events(
         }
         tokio::select! {
             () = shared.intake.cancelled() => return Next::Stop,
-            () = conn.suspect.notified() => {}
+            () = live.suspected() => {}
             // A fallback: a broker that closes the connection cleanly
             // (`stop_app`: connection.close 320) is not always reported
             // as an event; the status is looked at again every second.
             () = tokio::time::sleep(STATUS_RECHECK) => {}
             ev = events.next() => match ev {
                 Some(Event::ConnectionBlocked(reason)) => {
+                    // Health reads the block from lapin's status.
                     metrics::counter!("acemq.connection.blocked", "connection" => role.as_str()).increment(1);
-                    shared.health.set_blocked(role, true);
                     warn!(connection = role.as_str(), "the broker blocked this connection ({reason}): a resource alarm (memory or disk); publishes wait, and the consumers' connection, which never publishes, keeps acknowledging");
                 }
                 Some(Event::ConnectionUnblocked) => {
-                    shared.health.set_blocked(role, false);
                     info!(connection = role.as_str(), "the broker unblocked this connection");
                 }
                 Some(Event::Error(e)) => {
@@ -111,10 +107,10 @@ async fn watch_events(
 }
 
 /// Reopens the lost connection with capped, jittered backoff (declaring the
-/// topology again first, for the consuming one) and publishes the new one:
-/// `Next::Again` to watch it, `Next::Stop` when the drain begins.
-async fn reconnect(shared: &Shared, conn: &Conn, consuming: bool) -> Next {
-    let role = conn.role;
+/// topology again first, for the consuming one) and puts the new one in its
+/// cell: `Next::Again` to watch it, `Next::Stop` when the drain begins.
+async fn reconnect(shared: &Shared, role: ConnectionRole, live: &Live) -> Next {
+    let consuming = role == ConnectionRole::Consumer;
     let mut backoff = Backoff::new();
     loop {
         let attempt = async {
@@ -147,9 +143,7 @@ async fn reconnect(shared: &Shared, conn: &Conn, consuming: bool) -> Next {
                     let _ = c.close(200, "OK".into()).await;
                     return Next::Stop;
                 }
-                *shared.link.connection(role).locked() = Some(c.clone());
-                conn.tx.send_replace(Some(c));
-                shared.health.set_connected(role, true);
+                live.set(Some(c));
                 shared.health.set_broker(role, Some(broker.clone()));
                 info!(
                     connection = role.as_str(),

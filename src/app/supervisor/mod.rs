@@ -1,5 +1,6 @@
 //! The supervisor: two connections (consuming, publishing), each watched and
-//! reopened with capped, jittered backoff, and one long-lived runner per
+//! reopened with capped, jittered backoff (`amqp::backoff`), and kept in its
+//! role's cell (`amqp::live`), which it alone writes; and one long-lived runner per
 //! queue that starts a generation (a channel and its consumer loop) and
 //! recovers it when it ends — a lost connection, a channel the broker closed
 //! (`consumer_timeout`, 404, 406), a consumer the broker cancelled (queue
@@ -11,7 +12,6 @@
 //! generation the shutdown tokens; a generation's whole life is one
 //! [`ConsumerLoop`] whose `run` returns when it is done.
 //!
-//! - `backoff`: the capped, jittered delay between attempts;
 //! - `shared`: what the supervisor and the runners share, and how a
 //!   generation is opened and installed;
 //! - `queue`: one queue's runner;
@@ -23,4 +23,4 @@ mod shared;
 
 pub(crate) use connection::supervise;
 pub(crate) use queue::run_queue;
-pub(crate) use shared::{open, Conn, Opened, QueueSlot, Shared};
+pub(crate) use shared::{open, Opened, QueueSlot, Shared};

@@ -15,6 +15,7 @@ use super::shared::{
     consume_on, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
 };
 use crate::amqp::backoff::{Backoff, BACKOFF_MAX};
+use crate::amqp::connection::ConnectionRole;
 use crate::amqp::topology::Topology;
 use crate::app::error::StartError;
 use crate::config::QueueConfig;
@@ -112,9 +113,14 @@ impl Runner<'_> {
     async fn reopen(&mut self) -> Next<Opened> {
         let shared = self.shared;
         let q = self.q;
+        let live = shared.live(ConnectionRole::Consumer);
         let connection = tokio::select! {
             () = shared.intake.cancelled() => return Next::Stop,
-            c = shared.consume.connected() => c,
+            c = live.wait() => match c {
+                Some(c) => c,
+                // The supervisor holds the cell for the process's life.
+                None => return Next::Stop,
+            },
         };
         // Each step is bounded by `connect_timeout`: a broker that takes a
         // connection but never answers the queue's declaration or the
@@ -168,7 +174,7 @@ impl Runner<'_> {
             Err(e) => {
                 // The connection may be the one that failed: let its
                 // supervisor look.
-                shared.consume.suspect.notify_one();
+                live.suspect();
                 let delay = self.backoff.next_delay();
                 warn!(queue = %q.name, "could not consume the queue again: {e}; next attempt in {delay:.1?} (readiness is off)");
                 self.again_after(delay).await
@@ -325,10 +331,8 @@ impl Runner<'_> {
             return Next::Stop;
         }
         self.slot.stats.down.store(true, Ordering::Release);
-        let connection_alive = shared
-            .consume
-            .current()
-            .is_some_and(|c| c.status().connected());
+        let live = shared.live(ConnectionRole::Consumer);
+        let connection_alive = live.current().is_some_and(|c| c.status().connected());
         if connection_alive {
             let delay = self.backoff.next_delay();
             match reply(&e) {
@@ -349,19 +353,18 @@ impl Runner<'_> {
             // only what it means for this queue.
             info!(queue = %q.name, "connection lost: this queue's running handlers are cancelled and their outcomes dropped (the broker redelivers those deliveries); consuming again once reconnected");
             recovered(&q.name, "connection-lost");
-            shared.consume.suspect.notify_one();
-            // Wait for the supervisor to drop the lost connection.
+            live.suspect();
+            // Wait for the supervisor to put a new connection in the cell.
             self.fresh_connection().await
         }
     }
 
     /// Waits until the consuming connection is a connected one.
     async fn fresh_connection(&self) -> Next {
-        let mut cell = self.shared.consume.tx.subscribe();
         // A live connection first, as a check before the wait would.
         tokio::select! {
             biased;
-            c = crate::amqp::connection::live(&mut cell) => {
+            c = self.shared.live(ConnectionRole::Consumer).wait() => {
                 if c.is_some() { Next::Again } else { Next::Stop }
             }
             () = self.shared.intake.cancelled() => Next::Stop,

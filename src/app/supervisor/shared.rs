@@ -1,5 +1,5 @@
-//! What the supervisor and every queue's runner share: the two connections,
-//! each queue's long-lived parts, and how a generation is opened and
+//! What the supervisor and every queue's runner share: the two connections
+//! (their cells, in the [`Link`]), each queue's long-lived parts, and how a generation is opened and
 //! installed.
 
 use crate::sync::Locked;
@@ -12,11 +12,12 @@ use acemq_layers::{Cancellation, Lifeline, PauseHandle};
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::amqp::connection::{ConnectOptions, ConnectionFactory, ConnectionRole};
+use crate::amqp::live::Live;
 use crate::amqp::publisher::Publisher;
 use crate::amqp::topology::Topology;
 use crate::app::drain::{Link, QueueHandle};
@@ -24,40 +25,6 @@ use crate::app::generation::{LoopFuture, StartCtx, Starter};
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
 use crate::consumer::{End, QueueStats};
-
-/// One of the two connections: the current one (`None` while it is being
-/// reopened), for whoever needs it.
-pub(crate) struct Conn {
-    pub(crate) role: ConnectionRole,
-    pub(crate) tx: watch::Sender<Option<Arc<Connection>>>,
-    /// Poked by a runner whose generation was lost with its connection, so
-    /// the supervisor looks at once.
-    pub(crate) suspect: tokio::sync::Notify,
-}
-
-impl Conn {
-    pub(crate) fn new(role: ConnectionRole, tx: watch::Sender<Option<Arc<Connection>>>) -> Self {
-        Conn {
-            role,
-            tx,
-            suspect: tokio::sync::Notify::new(),
-        }
-    }
-
-    pub(crate) fn current(&self) -> Option<Arc<Connection>> {
-        self.tx.borrow().clone()
-    }
-
-    /// Waits until a connection is open.
-    pub(super) async fn connected(&self) -> Arc<Connection> {
-        let mut cell = self.tx.subscribe();
-        match crate::amqp::connection::live(&mut cell).await {
-            Some(c) => c,
-            // The supervisor holds the writer for the process's life.
-            None => std::future::pending().await,
-        }
-    }
-}
 
 /// One queue's parts that outlive its generations.
 pub(crate) struct QueueSlot {
@@ -81,8 +48,6 @@ pub(crate) struct Shared {
     pub(crate) health: Health,
     pub(crate) publisher: Publisher,
     pub(crate) topology: Topology,
-    pub(crate) consume: Conn,
-    pub(crate) publish: Conn,
     /// Cancelled when the drain stops intake (every runner and supervisor
     /// stops there).
     pub(crate) intake: CancellationToken,
@@ -142,6 +107,11 @@ pub(crate) async fn consume_on(
 pub(crate) type Installed = (tokio::task::JoinHandle<()>, oneshot::Receiver<End>, Channel);
 
 impl Shared {
+    /// The live connection of `role` (its cell is in the [`Link`]).
+    pub(crate) fn live(&self, role: ConnectionRole) -> &Live {
+        self.link.connections.get(role)
+    }
+
     /// Builds generation `opened` of queue `index`, registers it as the
     /// queue's live one and spawns its loop — unless the drain has begun.
     pub(crate) fn install(
