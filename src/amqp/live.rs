@@ -12,7 +12,7 @@
 //! supervisor has not noticed yet — tells the supervisor
 //! ([`Live::suspect`]), which looks at once: a clean close lapin reports
 //! without an event is seen by whoever uses the connection next, a
-//! readiness probe included.
+//! readiness probe included, with no timer running while nothing happens.
 
 use std::sync::Arc;
 

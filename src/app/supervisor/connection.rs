@@ -1,9 +1,16 @@
 //! A connection's supervisor: watches one of the two connections and, when
 //! it is lost, reopens it with capped, jittered backoff.
+//!
+//! It wakes only when something happens: an event lapin sends on the
+//! connection (an error — a missed heartbeat, a socket closed, a close from
+//! the broker with an error code —, a block or an unblock), a poke from
+//! whoever found the connection closed before it did (a queue's runner
+//! whose generation was lost, a publish, a request/reply call or a
+//! readiness read waiting on the cell: [`Live::suspect`]), or the drain.
+//! No timer runs while the connection is up and nothing happens.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
 use lapin::{Connection, Event};
@@ -14,9 +21,6 @@ use crate::amqp::backoff::Backoff;
 use crate::amqp::connection::{connect_any_via, ConnectionRole, Via};
 use crate::amqp::live::Live;
 use crate::app::error::StartError;
-
-/// How often a connection's status is looked at again when no event came.
-const STATUS_RECHECK: Duration = Duration::from_secs(1);
 
 /// Watches the connection of `role`; when it is lost, reopens it with
 /// capped, jittered backoff (declaring the topology again first, for the
@@ -74,11 +78,9 @@ async fn watch_events(
         }
         tokio::select! {
             () = shared.intake.cancelled() => return Next::Stop,
+            // A close lapin reports without an event (one it reads as a
+            // clean close) is found by whoever uses the connection next.
             () = live.suspected() => {}
-            // A fallback: a broker that closes the connection cleanly
-            // (`stop_app`: connection.close 320) is not always reported
-            // as an event; the status is looked at again every second.
-            () = tokio::time::sleep(STATUS_RECHECK) => {}
             ev = events.next() => match ev {
                 Some(Event::ConnectionBlocked(reason)) => {
                     // Health reads the block from lapin's status.
