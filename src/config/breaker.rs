@@ -94,7 +94,7 @@ impl CircuitBreakerConfig {
     }
 
     /// The config form of a policy given in code.
-    pub fn from_policy(p: &BreakerPolicy) -> Self {
+    pub(crate) fn from_policy(p: &BreakerPolicy) -> Self {
         CircuitBreakerConfig {
             failure_ratio: p.failure_ratio,
             minimum_calls: p.minimum_calls,

@@ -18,7 +18,7 @@ impl Config {
     /// defeats acemq's own redelivery bound, naming the queue, the argument,
     /// the version and the fix. Empty when there is none. Validation logs
     /// them as warnings.
-    pub fn argument_warnings(&self) -> Vec<String> {
+    pub(crate) fn argument_warnings(&self) -> Vec<String> {
         self.queues
             .iter()
             .enumerate()

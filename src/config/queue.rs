@@ -290,7 +290,7 @@ impl RetriesConfig {
 
 impl RetriesConfig {
     /// The config form of a policy given in code.
-    pub fn from_policy(p: &RetryPolicy) -> Self {
+    pub(crate) fn from_policy(p: &RetryPolicy) -> Self {
         RetriesConfig {
             max_attempts: p.max_attempts,
             initial_delay: p.initial_delay,
@@ -383,6 +383,7 @@ impl AckBatch {
     }
 
     /// The run length and time bound for a queue with `prefetch`.
+    #[doc(hidden)]
     pub fn bounds(&self, prefetch: u16) -> (usize, Duration) {
         let count = self
             .count

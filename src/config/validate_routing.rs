@@ -167,7 +167,7 @@ impl Config {
     /// queue is in the config, and every queue with `consume: true` (the
     /// default) has a handler. A queue with `consume: false` may have none
     /// (it is only declared); a handler for it is an error.
-    pub fn check_handlers<'a>(
+    pub(crate) fn check_handlers<'a>(
         &self,
         handled: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), ConfigError> {
