@@ -17,7 +17,7 @@
 //! - `config`: the schema, its validation and errors, durations, broker
 //!   addresses as data, exchanges and bindings as data;
 //! - `amqp`: everything that speaks to the broker — [`connection`],
-//!   [`topology`], [`publisher`], [`convert`] (lapin to acemq types), the
+//!   [`topology`], [`publisher`], `convert` (lapin to acemq types), the
 //!   delivery's span and trace context;
 //! - [`settle`]: the settle ledger, the one writer of settle frames, and the
 //!   public [`Settler`];
@@ -47,7 +47,9 @@ mod sync;
 pub mod testing;
 
 // The public paths, kept where users found them.
-pub use amqp::{connection, convert, delay, publisher, topology};
+#[doc(hidden)]
+pub use amqp::convert;
+pub use amqp::{connection, delay, publisher, topology};
 pub use app::{drain, health};
 #[cfg(feature = "axum")]
 pub use ops::admin;

@@ -97,7 +97,7 @@ impl ConnectError {
 /// Turns lapin's failure to connect into a [`ConnectError`] by what it is —
 /// the AMQP reply code, the error kind — never by its text, with the
 /// password hidden.
-pub fn map_connect_error(addr: &str, e: lapin::Error) -> ConnectError {
+pub(crate) fn map_connect_error(addr: &str, e: lapin::Error) -> ConnectError {
     use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
     use lapin::ErrorKind;
 

@@ -22,13 +22,15 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties, DefaultConnectionBuilder};
 
-pub use super::connect_error::{map_connect_error, ConnectError};
+pub(crate) use super::connect_error::map_connect_error;
+pub use super::connect_error::ConnectError;
 use super::tls::tls_config;
 use crate::config::address::with_heartbeat;
 pub use crate::config::address::{
-    amqp_addr_from_env, check_address, redact, resolve_addresses, resolve_addresses_with, shuffled,
-    DEFAULT_AMQP_ADDR,
+    amqp_addr_from_env, check_address, redact, resolve_addresses, DEFAULT_AMQP_ADDR,
 };
+#[doc(hidden)]
+pub use crate::config::address::{resolve_addresses_with, shuffled};
 use crate::config::{Config, TlsConfig};
 
 /// How to connect, beyond the address: the heartbeat to ask for and the
@@ -198,13 +200,13 @@ type FactoryFuture = Pin<Box<dyn Future<Output = Result<Connection, lapin::Error
 /// A user's connection factory, as [`App::connection_factory`](crate::App::connection_factory)
 /// keeps it. Cheap to clone.
 #[derive(Clone)]
-pub struct ConnectionFactory {
+pub(crate) struct ConnectionFactory {
     f: Arc<dyn Fn(ConnectRequest) -> FactoryFuture + Send + Sync>,
 }
 
 impl ConnectionFactory {
     /// Wraps `f`, called with every [`ConnectRequest`].
-    pub fn new<F, Fut>(f: F) -> Self
+    pub(crate) fn new<F, Fut>(f: F) -> Self
     where
         F: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Connection, lapin::Error>> + Send + 'static,
@@ -314,7 +316,7 @@ pub(crate) async fn connect_any_via(
 
 /// Connects to `addr` within `timeout` with `options`, naming the
 /// connection `name`.
-pub async fn connect_with(
+pub(crate) async fn connect_with(
     addr: &str,
     name: &str,
     timeout: Duration,

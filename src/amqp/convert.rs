@@ -242,15 +242,7 @@ fn properties_with(
 }
 
 /// Turns a lapin delivery into an acemq [`Delivery`] (the acker stays with
-/// the consumer loop).
-pub fn delivery_from_lapin(
-    queue: &Arc<str>,
-    d: lapin::message::Delivery,
-) -> (Delivery, lapin::Acker) {
-    convert_delivery(queue, d, None)
-}
-
-/// As [`delivery_from_lapin`], on a transport's generation: the delivery is
+/// the consumer loop), on a transport's generation: the delivery is
 /// built with `lifeline` (not given one afterwards, which would touch the
 /// never-lost one's count and the shared part again, per delivery).
 pub(crate) fn delivery_from_lapin_on(

@@ -71,12 +71,13 @@ use lapin::{Connection, ExchangeKind};
 use crate::amqp::publisher::Publisher;
 
 /// The headers exchange every delayed message is published to.
-pub const DELAY_EXCHANGE: &str = "acemq.delay";
+pub(crate) const DELAY_EXCHANGE: &str = "acemq.delay";
 
 /// The header that routes a delayed message into its bucket. Not `x-`
 /// prefixed like acemq's other headers: a headers exchange ignores binding
 /// arguments that start with `x-` (other than `x-match`), so such a binding
 /// would match every message.
+#[doc(hidden)]
 pub const BUCKET_HEADER: &str = "acemq-delay-bucket";
 
 /// The buckets a delay rounds up to, shortest first.
@@ -108,11 +109,12 @@ pub const BUCKETS: &[Duration] = &[
 
 /// The bucket `delay` rounds up to, or `None` when it is longer than the
 /// longest bucket.
-pub fn bucket_for(delay: Duration) -> Option<Duration> {
+pub(crate) fn bucket_for(delay: Duration) -> Option<Duration> {
     BUCKETS.iter().copied().find(|b| *b >= delay)
 }
 
 /// The bucket queue's name for `exchange` (`""`: the default exchange).
+#[doc(hidden)]
 pub fn bucket_queue(exchange: &str, bucket: Duration) -> String {
     if exchange.is_empty() {
         format!("{DELAY_EXCHANGE}.{}", delay_label(bucket))

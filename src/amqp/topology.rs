@@ -34,6 +34,7 @@ pub struct QueueDecl {
 }
 
 /// One exchange to declare.
+#[doc(hidden)]
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ExchangeDecl {
@@ -46,6 +47,7 @@ pub struct ExchangeDecl {
 }
 
 /// One binding of a queue to an exchange.
+#[doc(hidden)]
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct BindingDecl {
@@ -70,7 +72,7 @@ pub struct Topology {
 
 /// The AMQP value of a config argument: integers as signed 64-bit,
 /// numbers with a fraction as doubles, strings as long strings.
-pub fn arg_value(v: &ArgValue) -> AMQPValue {
+pub(crate) fn arg_value(v: &ArgValue) -> AMQPValue {
     match v {
         ArgValue::Bool(b) => AMQPValue::Boolean(*b),
         ArgValue::Int(n) => AMQPValue::LongLongInt(*n),
@@ -136,6 +138,7 @@ impl Topology {
     /// its reason `redelivered`, fires before the broker's) and its quorum
     /// dead-letter queue 10,000, unless the config's `arguments` set one;
     /// rungs carry none (nothing consumes them).
+    #[doc(hidden)]
     pub fn for_queue(q: &QueueConfig) -> Vec<QueueDecl> {
         let mut out = Vec::new();
         let quorum = q.kind == QueueType::Quorum;
@@ -189,7 +192,7 @@ impl Topology {
 
     /// The bindings of one queue: one per routing key, or one with the empty
     /// key when it gives none.
-    pub fn bindings_of(q: &QueueConfig) -> Vec<BindingDecl> {
+    pub(crate) fn bindings_of(q: &QueueConfig) -> Vec<BindingDecl> {
         let mut out = Vec::new();
         for b in &q.bindings {
             let arguments = arguments_table(&b.arguments);
@@ -216,11 +219,13 @@ impl Topology {
     }
 
     /// All exchange declarations.
+    #[doc(hidden)]
     pub fn exchanges(&self) -> &[ExchangeDecl] {
         &self.exchanges
     }
 
     /// All bindings.
+    #[doc(hidden)]
     pub fn bindings(&self) -> &[BindingDecl] {
         &self.bindings
     }
@@ -251,7 +256,11 @@ impl Topology {
     /// it): the exchanges it is bound to, the queue, its dead-letter queue
     /// and rungs, then its bindings — a deleted queue loses its bindings
     /// with it.
-    pub async fn declare_for_queue(&self, conn: &Connection, q: &str) -> Result<(), TopologyError> {
+    pub(crate) async fn declare_for_queue(
+        &self,
+        conn: &Connection,
+        q: &str,
+    ) -> Result<(), TopologyError> {
         let dlq = format!("{q}.dlq");
         let rungs = format!("{q}.retry.");
         let bindings: Vec<&BindingDecl> = self.bindings.iter().filter(|b| b.queue == q).collect();
@@ -297,7 +306,10 @@ async fn open_channel(conn: &Connection, what: &str) -> Result<lapin::Channel, T
 }
 
 /// Declares one exchange on a channel of its own.
-pub async fn declare_exchange(conn: &Connection, x: &ExchangeDecl) -> Result<(), TopologyError> {
+pub(crate) async fn declare_exchange(
+    conn: &Connection,
+    x: &ExchangeDecl,
+) -> Result<(), TopologyError> {
     let channel = open_channel(conn, &x.name).await?;
     let kind = match x.kind {
         ExchangeKind::Direct => lapin::ExchangeKind::Direct,
@@ -335,7 +347,7 @@ pub async fn declare_exchange(conn: &Connection, x: &ExchangeDecl) -> Result<(),
 }
 
 /// Binds a queue to an exchange on a channel of its own.
-pub async fn bind(conn: &Connection, b: &BindingDecl) -> Result<(), TopologyError> {
+pub(crate) async fn bind(conn: &Connection, b: &BindingDecl) -> Result<(), TopologyError> {
     let channel = open_channel(conn, &b.queue).await?;
     let res = channel
         .queue_bind(
@@ -385,7 +397,7 @@ fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)>
 /// checked, with a warning once per queue that gives the `rabbitmqctl
 /// set_policy` command for the limit; never an error (RabbitMQ checks
 /// `x-delivery-limit` for equivalence, 3.10 too).
-pub async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), TopologyError> {
+pub(crate) async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), TopologyError> {
     let arguments = if d.passive {
         FieldTable::default()
     } else {
