@@ -120,6 +120,7 @@ pub use server::Responder;
 use crate::amqp::publisher::Publisher;
 
 /// The direct reply-to pseudo-queue.
+#[doc(hidden)]
 pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 /// One call: where it goes, its body, properties, and its deadline.
