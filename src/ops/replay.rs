@@ -405,6 +405,7 @@ async fn publish_back(
 /// `x-acemq-*` header but the `x-acemq-original-*` ones: where the message
 /// came from, the producer's trace context), no `x-delivery-count` nor
 /// `x-acquired-count`.
+#[doc(hidden)]
 pub fn reset(headers: Headers) -> Headers {
     headers
         .into_iter()
