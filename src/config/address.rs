@@ -8,11 +8,24 @@ use std::time::Duration;
 use super::error::ConfigError;
 
 /// The address used when neither code, `AMQP_ADDR` nor the config gives one.
+///
+/// ```
+/// use acemq::connection::{resolve_addresses, DEFAULT_AMQP_ADDR};
+///
+/// if std::env::var_os("AMQP_ADDR").is_none() {
+///     assert_eq!(resolve_addresses(None, &[]), [DEFAULT_AMQP_ADDR]);
+/// }
+/// ```
 pub const DEFAULT_AMQP_ADDR: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// The broker address: `AMQP_ADDR`, or [`DEFAULT_AMQP_ADDR`]. With a
 /// comma-separated `AMQP_ADDR` this is the whole list as written; use
 /// [`resolve_addresses`] to get it split.
+///
+/// ```
+/// let addr = acemq::connection::amqp_addr_from_env();
+/// assert!(addr.starts_with("amqp"), "{}", acemq::connection::redact(&addr));
+/// ```
 pub fn amqp_addr_from_env() -> String {
     std::env::var("AMQP_ADDR").unwrap_or_else(|_| DEFAULT_AMQP_ADDR.to_owned())
 }
@@ -28,6 +41,16 @@ pub fn amqp_addr_from_env() -> String {
 /// Each entry of `from_code` and of the config may itself be a
 /// comma-separated list. Blank entries are dropped; the order is kept
 /// ([`connect_any`](crate::connection::connect_any) shuffles).
+///
+/// ```
+/// use acemq::connection::resolve_addresses;
+///
+/// // An address given in code wins over AMQP_ADDR and the config; a list
+/// // may be written as one comma-separated entry.
+/// let code = ["amqp://a:5672/%2f, amqp://b:5672/%2f".to_owned()];
+/// let config = ["amqp://c:5672/%2f".to_owned()];
+/// assert_eq!(resolve_addresses(Some(&code), &config), ["amqp://a:5672/%2f", "amqp://b:5672/%2f"]);
+/// ```
 pub fn resolve_addresses(from_code: Option<&[String]>, config: &[String]) -> Vec<String> {
     resolve_addresses_with(
         from_code,
@@ -82,6 +105,14 @@ const QUERY_PARAMETERS: &str = "heartbeat (seconds, 0 to 65535), channel_max (0 
 /// for `amqps://` — a build with the `tls` feature (without it the
 /// connection would be opened in plain text). The error says what is wrong
 /// and what to do (password hidden).
+///
+/// ```
+/// use acemq::connection::check_address;
+///
+/// assert!(check_address("amqp://guest:guest@rabbit:5672/%2f?heartbeat=30").is_ok());
+/// let why = check_address("http://guest:s3cret@rabbit/").unwrap_err();
+/// assert!(!why.contains("s3cret"), "the password is hidden: {why}");
+/// ```
 pub fn check_address(addr: &str) -> Result<(), String> {
     let shown = redact(addr);
     if one_url_with_a_comma(addr) {
@@ -270,6 +301,12 @@ pub fn shuffled(addresses: &[String]) -> Vec<String> {
 /// is not a URL with a host (a piece of a password cut at a comma, say) is
 /// not shown. One URL whose user name or password holds a comma is
 /// redacted as one address.
+///
+/// ```
+/// use acemq::connection::redact;
+///
+/// assert_eq!(redact("amqp://shop:s3cret@rabbit:5672/%2f"), "amqp://shop:***@rabbit:5672/%2f");
+/// ```
 pub fn redact(addr: &str) -> String {
     if addr.contains(',') && !one_url_with_a_comma(addr) {
         return addr

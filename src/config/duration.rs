@@ -4,6 +4,24 @@
 //! Use with `#[serde(deserialize_with = "acemq::config::duration::deserialize")]`,
 //! or `duration::option::deserialize` (with `#[serde(default)]`) for an
 //! `Option<Duration>`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Settings {
+//!     #[serde(deserialize_with = "acemq::config::duration::deserialize")]
+//!     timeout: Duration,
+//!     #[serde(default, deserialize_with = "acemq::config::duration::option::deserialize")]
+//!     grace: Option<Duration>,
+//! }
+//!
+//! let s: Settings = serde_json::from_str(r#"{ "timeout": "400ms" }"#).unwrap();
+//! assert_eq!(s.timeout, Duration::from_millis(400));
+//! assert_eq!(s.grace, None);
+//! assert_eq!(acemq::config::duration::parse("1.5s"), Ok(Duration::from_millis(1500)));
+//! ```
 
 use std::fmt;
 use std::time::Duration;
@@ -16,12 +34,14 @@ const EXPECTING: &str = "a duration: a number of seconds (10, 0.5) or a string w
 
 /// Deserialises a [`Duration`] from a number of seconds or a string with
 /// a unit.
+///
+/// See the example in the [module docs](self).
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     deserializer.deserialize_any(DurationVisitor)
 }
 
 /// The same for an `Option<Duration>`: absent (with `#[serde(default)]`)
-/// or null is `None`.
+/// or null is `None`. See the example in the [module docs](super).
 pub mod option {
     use std::time::Duration;
 
@@ -30,7 +50,8 @@ pub mod option {
     use crate::config::duration::Seconds;
 
     /// Deserialises an `Option<Duration>`: null is `None`, anything else
-    /// as [`super::deserialize`].
+    /// as [`super::deserialize`]. See the example in the [module
+    /// docs](super).
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<Duration>, D::Error> {
@@ -51,6 +72,15 @@ impl<'de> Deserialize<'de> for Seconds {
 /// Parses `"10"` (seconds), `"0.5"`, `"400ms"`, `"10s"`, `"1.5s"`, `"2m"`
 /// or `"1h"`. Whitespace around the number and unit is ignored, so
 /// `"300 ms"` is accepted as 300 ms. The error is a message for a human.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::config::duration::parse;
+///
+/// assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
+/// assert_eq!(parse("300 ms"), Ok(Duration::from_millis(300)));
+/// assert!(parse("soon").is_err());
+/// ```
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text

@@ -5,6 +5,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// A config file format.
+///
+/// ```
+/// use std::path::Path;
+/// use acemq::config::{Config, Format};
+///
+/// assert_eq!(Format::from_path(Path::new("app.yml")), Some(Format::Yaml));
+/// let config = Config::from_str("[[queues]]\nname = \"q\"", Format::Toml).unwrap();
+/// assert_eq!(config.queues[0].name, "q");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
     /// YAML, extension `.yaml` or `.yml`.
@@ -39,6 +48,14 @@ impl fmt::Display for Format {
 }
 
 /// A config that could not be read, parsed or accepted.
+///
+/// ```
+/// use acemq::config::{Config, ConfigError};
+///
+/// let err = Config::from_yaml_str("queues: [{ name: q, prefetch: 0 }]").unwrap_err();
+/// assert!(matches!(err, ConfigError::Invalid { .. }));
+/// assert_eq!(err.field(), Some("queues[0].prefetch"));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {

@@ -20,6 +20,15 @@ use serde::{Deserialize, Serialize};
 use super::error::ConfigError;
 
 /// What a queue's deliveries are ordered by (`ordered_by`).
+///
+/// ```
+/// use acemq::config::{Config, OrderedBy};
+///
+/// let config = Config::from_yaml_str(
+///     "queues: [{ name: shop.orders, ordered_by: { header: x-customer } }]",
+/// ).unwrap();
+/// assert_eq!(config.queues[0].ordered_by, Some(OrderedBy::Header("x-customer".into())));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Raw", into = "Raw")]
 pub enum OrderedBy {

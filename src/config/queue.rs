@@ -11,6 +11,13 @@ use super::routing::{Arguments, BindingConfig};
 
 /// What a drain does with deliveries buffered in the channel that no handler
 /// has started. Serialised as `hand_back` or `handle_buffered`.
+///
+/// ```
+/// use acemq::config::{Config, PrefetchPolicy};
+///
+/// let config = Config::from_yaml_str("prefetch_policy: handle_buffered\nqueues: [{ name: q }]").unwrap();
+/// assert_eq!(config.prefetch_policy, PrefetchPolicy::HandleBuffered);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PrefetchPolicy {
@@ -27,6 +34,14 @@ pub enum PrefetchPolicy {
 /// The RabbitMQ queue type, the `x-queue-type` argument. Serialised as
 /// `classic` or `quorum`. The dead-letter queue and the rungs take the type of
 /// their queue.
+///
+/// ```
+/// use acemq::config::{Config, QueueType};
+///
+/// let config = Config::from_yaml_str("queues: [{ name: q, type: quorum }]").unwrap();
+/// assert_eq!(config.queues[0].kind, QueueType::Quorum);
+/// assert_eq!(QueueType::Quorum.as_str(), "quorum");
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueType {
@@ -48,6 +63,17 @@ impl QueueType {
 }
 
 /// One queue to consume, and what its failures do.
+///
+/// ```
+/// use acemq::config::{Config, QueueConfig, QueueType};
+///
+/// let mut q = QueueConfig::new("shop.orders");
+/// q.kind = QueueType::Quorum;
+/// q.prefetch = 20;
+/// q.concurrency = 4;
+/// assert_eq!(q.dlq_name(), "shop.orders.dlq");
+/// Config::new([q]).validate().unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -221,6 +247,15 @@ impl QueueConfig {
 
 /// A queue's retry schedule: attempt `n` that fails is followed by attempt
 /// `n + 1` after `min(initial_delay · 2^(n-1), max_delay)`.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::config::RetriesConfig;
+///
+/// // Five attempts, 10 s then doubling, at most 5 min between two.
+/// let retries = RetriesConfig::new(5, Duration::from_secs(10), Duration::from_secs(300));
+/// assert_eq!(retries.policy().max_attempts, 5);
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -350,6 +385,16 @@ impl RetriesConfig {
 /// acknowledgement sent after the broker's `connection.close` and before
 /// the client read it (the broker discards them). A SIGTERM costs nothing:
 /// the drain flushes. Figures and method: `docs/reliability/coalescing.md`.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::config::{AckBatch, QueueConfig};
+///
+/// let mut q = QueueConfig::new("shop.orders");
+/// q.ack_batch = AckBatch::new(16, Duration::from_millis(5));
+/// assert_eq!(q.ack_batch.count, Some(16));
+/// assert_eq!(AckBatch::off().count, Some(0)); // every delivery acknowledged on its own
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AckBatch {

@@ -30,6 +30,16 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 /// An exchange to declare before any queue is bound to it.
+///
+/// ```
+/// use acemq::config::{BindingConfig, Config, ExchangeConfig, ExchangeKind, QueueConfig};
+///
+/// let mut q = QueueConfig::new("billing.invoices");
+/// q.bindings.push(BindingConfig::new("billing", ["invoice.created", "invoice.paid"]));
+/// let mut config = Config::new([q]);
+/// config.exchanges.push(ExchangeConfig::new("billing", ExchangeKind::Topic));
+/// config.validate().unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -59,6 +69,13 @@ impl ExchangeConfig {
 }
 
 /// An exchange type. Serialised as `direct`, `topic`, `fanout` or `headers`.
+///
+/// ```
+/// use acemq::config::{ExchangeConfig, ExchangeKind};
+///
+/// let x = ExchangeConfig::new("billing", ExchangeKind::Topic);
+/// assert_eq!(x.kind.as_str(), "topic");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -87,6 +104,15 @@ impl ExchangeKind {
 }
 
 /// A binding of a queue to an exchange.
+///
+/// ```
+/// use acemq::config::{ArgValue, BindingConfig};
+///
+/// // A headers exchange matches on arguments, not routing keys.
+/// let mut b = BindingConfig::new("events", Vec::<String>::new());
+/// b.arguments.insert("x-match".into(), ArgValue::String("any".into()));
+/// b.arguments.insert("region".into(), ArgValue::String("eu".into()));
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -123,11 +149,28 @@ impl BindingConfig {
 /// `x-single-active-consumer: true`, `x-match: any`. A name is at most 255
 /// bytes (an AMQP short string), as is a binding's exchange name and each
 /// routing key.
+///
+/// ```
+/// use acemq::config::{ArgValue, Arguments, QueueConfig};
+///
+/// let mut q = QueueConfig::new("shop.orders");
+/// q.arguments = Arguments::from([("x-max-length".to_owned(), ArgValue::Int(10_000))]);
+/// ```
 pub type Arguments = BTreeMap<String, ArgValue>;
 
 /// One argument's value: what YAML, TOML and JSON can write plainly.
 /// Integers go to the broker as signed 64-bit (`l`), which RabbitMQ treats as
 /// equivalent to any other integer type when it compares a declaration.
+///
+/// ```
+/// use acemq::config::{ArgValue, Config};
+///
+/// let config = Config::from_yaml_str(
+///     "queues: [{ name: q, arguments: { x-max-length: 1000, x-single-active-consumer: true } }]",
+/// ).unwrap();
+/// assert_eq!(config.queues[0].arguments["x-max-length"], ArgValue::Int(1000));
+/// assert_eq!(config.queues[0].arguments["x-single-active-consumer"], ArgValue::Bool(true));
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(untagged)]
 #[non_exhaustive]

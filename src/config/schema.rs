@@ -15,6 +15,16 @@ use super::routing::ExchangeConfig;
 /// Every field but `queues` has a default; `queues` must name at least one
 /// queue. [`Default`] gives the defaults with no queues, a starting point for
 /// building a config in code.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::config::{Config, QueueConfig};
+///
+/// let mut config = Config::new([QueueConfig::new("shop.orders")]);
+/// config.shutdown_timeout = Duration::from_secs(10);
+/// config.validate().unwrap();
+/// assert_eq!(config.queue("shop.orders").unwrap().prefetch, QueueConfig::DEFAULT_PREFETCH);
+/// ```
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
