@@ -6,6 +6,19 @@ use std::time::Duration;
 use crate::config::address::{redact, vhost_of};
 
 /// Why the broker could not be reached.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use acemq::connection::{connect, ConnectError};
+///
+/// # async fn run() {
+/// match connect("amqp://guest:guest@127.0.0.1:5672/%2f", "shop-tools", Duration::from_secs(5)).await {
+///     Ok(_conn) => {}
+///     Err(e) if e.is_config() => eprintln!("fix the address: {e}"), // exit 78
+///     Err(e) => eprintln!("broker unreachable: {e}"),                // exit 69
+/// }
+/// # let _: Option<ConnectError> = None; }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {

@@ -11,6 +11,20 @@
 //! factory of yours instead ([`App::connection_factory`](crate::App::connection_factory)):
 //! it gets a [`ConnectRequest`] with what acemq would have used and returns
 //! the open connection.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use acemq::config::Config;
+//! use acemq::connection::{connect_any, redact, resolve_addresses, ConnectOptions};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::from_path("examples/shop.yaml")?;
+//! let addresses = resolve_addresses(None, &config.addresses);
+//! let options = ConnectOptions::from_config(&config);
+//! let connected = connect_any(&addresses, "shop-tools", Duration::from_secs(10), &options).await?;
+//! println!("connected to {}", connected.address); // already redacted
+//! # let _ = redact; Ok(()) }
+//! ```
 
 use std::fmt;
 use std::future::Future;
@@ -35,6 +49,8 @@ use crate::config::{Config, TlsConfig};
 
 /// How to connect, beyond the address: the heartbeat to ask for and the
 /// TLS files. [`ConnectOptions::from_config`] takes them from a [`Config`].
+///
+/// Example: the [module docs](crate::connection).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConnectOptions {
@@ -236,6 +252,8 @@ pub(crate) struct Via<'a> {
 }
 
 /// A connection, and which address answered.
+///
+/// Example: the [module docs](crate::connection).
 #[derive(Debug)]
 pub struct Connected {
     /// The open connection.
@@ -250,6 +268,15 @@ pub struct Connected {
 /// Connects to `addr` within `timeout`, naming the connection `name` (shown
 /// by `rabbitmqctl list_connections client_properties`). A comma-separated
 /// `addr` (as `AMQP_ADDR` may be) is a list: see [`connect_any`].
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # async fn run() -> Result<(), acemq::connection::ConnectError> {
+/// let addr = acemq::connection::amqp_addr_from_env();
+/// let conn = acemq::connection::connect(&addr, "shop-tools", Duration::from_secs(10)).await?;
+/// # let _ = conn; Ok(()) }
+/// ```
 pub async fn connect(
     addr: &str,
     name: &str,
@@ -269,6 +296,8 @@ pub async fn connect(
 /// answered. With one address its own error comes back; with several,
 /// [`ConnectError::NoneAnswered`] names every address tried and why each
 /// failed (a start that gets it exits 69).
+///
+/// Example: the [module docs](crate::connection).
 pub async fn connect_any(
     addresses: &[String],
     name: &str,

@@ -81,6 +81,8 @@ pub(crate) const DELAY_EXCHANGE: &str = "acemq.delay";
 pub const BUCKET_HEADER: &str = "acemq-delay-bucket";
 
 /// The buckets a delay rounds up to, shortest first.
+///
+/// Example: a 3 s delay waits 5 s, 40 s waits 60 s (see the [module docs](crate::delay) for a delayed publish).
 pub const BUCKETS: &[Duration] = &[
     Duration::from_millis(250),
     Duration::from_millis(500),

@@ -7,6 +7,8 @@
 //! [`TopologyError::Missing`]. Errors are recognised by the broker's reply
 //! code (406 PRECONDITION_FAILED for a conflict, 404 NOT_FOUND for a missing
 //! queue or exchange), not by its text.
+//!
+//! See the example on [`Topology`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +21,8 @@ use super::delivery_limit::{self, Wanted};
 use crate::config::{ArgValue, Arguments, Config, ExchangeKind, QueueConfig, QueueType};
 
 /// One queue to declare, with its arguments.
+///
+/// Example: the one on [`Topology`].
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct QueueDecl {
@@ -63,6 +67,23 @@ pub struct BindingDecl {
 
 /// Everything the config names, in declaration order: exchanges, queues,
 /// bindings.
+///
+/// ```
+/// use acemq::config::{Config, QueueConfig, RetriesConfig};
+/// use acemq::topology::Topology;
+/// use std::time::Duration;
+///
+/// let mut q = QueueConfig::new("shop.orders");
+/// q.dead_letter = true;
+/// q.retries = Some(RetriesConfig::new(3, Duration::from_secs(60), Duration::from_secs(120)));
+/// let topology = Topology::from_config(&Config::new([q]));
+/// let names: Vec<&str> = topology.decls().iter().map(|d| d.name.as_str()).collect();
+/// assert_eq!(names, ["shop.orders", "shop.orders.dlq", "shop.orders.retry.60s", "shop.orders.retry.120s"]);
+/// assert!(!topology.get("shop.orders").unwrap().passive);
+/// ```
+///
+/// Declaring it needs a broker: `topology.declare(&conn).await?` (see
+/// `examples/own_consumer.rs`).
 #[derive(Clone, Debug, Default)]
 pub struct Topology {
     exchanges: Vec<ExchangeDecl>,
@@ -496,6 +517,20 @@ async fn declare_with(
 }
 
 /// Why the topology could not be declared. No consumer starts.
+///
+/// ```no_run
+/// use acemq::config::Config;
+/// use acemq::topology::{Topology, TopologyError};
+///
+/// # async fn run(conn: acemq::lapin::Connection) {
+/// let topology = Topology::from_config(&Config::from_path("examples/shop.yaml").unwrap());
+/// match topology.declare(&conn).await {
+///     Ok(()) => {}
+///     Err(e @ TopologyError::Conflict { .. }) => eprintln!("declared otherwise already: {e}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TopologyError {
