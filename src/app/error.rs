@@ -11,6 +11,8 @@ use crate::amqp::topology::TopologyError;
 use crate::config::ConfigError;
 
 /// Why the runner could not start. No consumer was started.
+///
+/// Example: the [`app` module](crate::app)'s `main` turns it into an exit code with [`start_failed`]; see also `examples/shop/main.rs`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
@@ -67,6 +69,8 @@ impl StartError {
 /// Logs a start failure, prints its one-line reason on stderr and returns
 /// its exit code (78 config, 69 broker unreachable, 0 for a stop signal
 /// during start-up).
+///
+/// Example: the [`app` module](crate::app)'s `main`; the whole service is `examples/shop/main.rs`.
 pub fn start_failed(e: &StartError) -> ExitCode {
     if let StartError::Stopped { signal } = e {
         info!(

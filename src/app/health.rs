@@ -7,6 +7,8 @@
 //! instance is healthy, and its admin routes must stay reachable. Wire it to a **readiness** probe, never to a liveness
 //! probe: a draining instance is alive and finishing work, and restarting it
 //! would kill exactly the handlers the drain is waiting for.
+//!
+//! See the example on [`Health`].
 
 use crate::sync::{Locked, RwLocked};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +61,14 @@ pub struct Health {
 }
 
 /// No queue by that name is consumed here.
+///
+/// ```
+/// use acemq::health::UnknownQueue;
+/// use acemq::Health;
+///
+/// let health = Health::new(); // no queue has joined it
+/// assert_eq!(health.pause("shop.typo"), Err(UnknownQueue("shop.typo".into())));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no queue named {0:?} is consumed here")]
 pub struct UnknownQueue(pub String);
@@ -85,6 +95,18 @@ struct QueueEntry {
 }
 
 /// A point-in-time view, serialisable as JSON for `/readyz`.
+///
+/// ```
+/// use acemq::Health;
+///
+/// let snap = Health::new().snapshot(); // before the runner connects
+/// assert!(!snap.ready && !snap.connected && !snap.draining);
+/// assert!(snap.queues.is_empty());
+/// let json = serde_json::to_value(&snap).unwrap(); // what `/readyz` answers
+/// assert_eq!(json["ready"], false);
+/// ```
+///
+/// With queues, see the example on [`Health`].
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthSnapshot {
@@ -108,6 +130,8 @@ pub struct HealthSnapshot {
 }
 
 /// One queue's state.
+///
+/// Example: the one on [`Health`] reads `snapshot().queues[0].paused`; `examples/shop/main.rs` logs every queue's counters from it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueSnapshot {

@@ -10,6 +10,39 @@
 //! - `signals` turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into a stop at
 //!   every phase;
 //! - `exit` holds the exit codes and their one-line reasons.
+//!
+//! A `main` that owns its signals, so a SIGTERM during start-up is a clean
+//! stop too, and exits with the drain's code (the whole service:
+//! `examples/shop/main.rs`):
+//!
+//! ```no_run
+//! use std::process::ExitCode;
+//! use acemq::app::{finish, start_failed, Signals};
+//! use acemq::{App, Config, Delivery};
+//! use tower::service_fn;
+//!
+//! #[tokio::main]
+//! async fn main() -> ExitCode {
+//!     let config = match Config::from_path("examples/shop.yaml") {
+//!         Ok(c) => c,
+//!         Err(e) => {
+//!             eprintln!("{e}");
+//!             return ExitCode::from(acemq::app::EXIT_CONFIG);
+//!         }
+//!     };
+//!     let app = App::new(config).consume(
+//!         "shop.orders",
+//!         service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
+//!     );
+//!     let mut signals = Signals::install();
+//!     let running = match app.start_until(signals.stop()).await {
+//!         Ok(r) => r,
+//!         Err(e) => return start_failed(&e), // 78 config, 69 unreachable, 0 stopped
+//!     };
+//!     signals.stop().await; // the first SIGTERM, SIGINT, SIGHUP or SIGQUIT
+//!     finish(running.drain_with(async move { signals.stop().await; }).await) // 0 or 75
+//! }
+//! ```
 
 mod builder;
 pub mod drain;

@@ -10,6 +10,8 @@ use tracing::error;
 /// SIGTERM, SIGINT, SIGHUP and SIGQUIT are all a stop: a terminal hangup or
 /// `docker kill -s HUP` drains like SIGTERM instead of killing the process
 /// mid-flight.
+///
+/// Example: the [`app` module](crate::app)'s `main`; the whole service is `examples/shop/main.rs`.
 #[derive(Debug)]
 pub struct Signals {
     rx: mpsc::UnboundedReceiver<&'static str>,
