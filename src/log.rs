@@ -33,6 +33,8 @@
 
 /// The directive that turns lapin's own events off: `lapin=off`. Add it to
 /// the filter of any subscriber that writes acemq's logs.
+///
+/// Example: the [module docs](crate::log).
 pub const LAPIN_DIRECTIVE: &str = "lapin=off";
 
 /// The filter the examples use when `RUST_LOG` is not set: INFO and above,
@@ -41,6 +43,8 @@ pub const LAPIN_DIRECTIVE: &str = "lapin=off";
 /// With it, a handled delivery's log line names the queue, the delivery tag,
 /// the message id and the attempt (the fields of acemq's `acemq.process`
 /// span) besides what your handler logs.
+///
+/// Example: the [module docs](crate::log).
 pub const DEFAULT_FILTER: &str = "info,lapin=off";
 
 #[cfg(test)]

@@ -134,6 +134,8 @@ use crate::config::QueueConfig;
 
 /// A delivery's final decision, as your outer layers see it: readable, not
 /// constructible (see the [module docs](self)).
+///
+/// Example: the [module docs](crate::stack); `examples/invoices/handler.rs` writes an outer layer that reads it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome(Decision);
 
@@ -168,6 +170,8 @@ where
 /// [`BoxError`] and whose response into a
 /// [`Verdict`](acemq_layers::Verdict) (`()` is `Ack`). Every such service
 /// has it; you never implement it.
+///
+/// Example: the [module docs](crate::stack), and [`App::consume`](crate::App::consume).
 pub trait Handler:
     Service<
         Delivery,
@@ -196,6 +200,8 @@ where
 /// cannot say, so the methods that take your layers state it beside this
 /// bound; an outer layer's error hands the delivery back.) Every such
 /// service has it; you never implement it.
+///
+/// Example: the [module docs](crate::stack), and [`App::consume`](crate::App::consume).
 pub trait OuterService:
     Service<Delivery, Response = Outcome, Future: Send + 'static> + Clone + Send + 'static
 {
@@ -212,6 +218,8 @@ where
 /// acemq stack (seeing the final [`Outcome`]) and around the handler
 /// (seeing each attempt), and the queue's own classifier and retry policy.
 /// See the [module docs](self) for where each kind of layer belongs.
+///
+/// Example: the [module docs](crate::stack), and `examples/shop/main.rs`.
 #[derive(Clone)]
 pub struct QueueStack<O = Identity, I = Identity, C = DefaultClassifier> {
     outer: O,

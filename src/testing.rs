@@ -72,6 +72,23 @@ mod message;
 pub use message::TestMessage;
 
 /// What the recording publisher answers.
+///
+/// ```
+/// use acemq::testing::{Fate, PublishMode, TestQueue};
+/// use acemq::{Config, Delivery, Reject};
+/// use tower::service_fn;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let config = Config::from_yaml_str("queues: [{ name: invoices, dead_letter: true }]").unwrap();
+/// let mut harness = TestQueue::new(config.queues[0].clone(), service_fn(|_d: Delivery| async {
+///     Err::<(), acemq::BoxError>(Reject::new("not an invoice").into())
+/// }));
+/// // The broker refuses the dead-letter copy: the queue's own DLX takes it.
+/// harness.publisher().answer("invoices.dlq", PublishMode::Nack);
+/// let report = harness.deliver_body("bad").await;
+/// assert!(matches!(report.fate, Fate::RejectedToDlx { .. }));
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PublishMode {
@@ -86,6 +103,8 @@ pub enum PublishMode {
 }
 
 /// One copy the stack published (a rung copy or a dead-letter copy).
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Published {
     /// The queue it was addressed to.
@@ -97,6 +116,8 @@ pub struct Published {
 }
 
 /// A [`Publish`] that records every copy and answers as told.
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug, Default)]
 pub struct RecordingPublisher {
     inner: Arc<Mutex<Recorder>>,
@@ -161,6 +182,8 @@ impl Publish for RecordingPublisher {
 }
 
 /// One call of your handler.
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempt {
     /// The attempt number the handler saw.
@@ -170,6 +193,8 @@ pub struct Attempt {
 }
 
 /// What became of a delivery.
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Fate {
@@ -214,6 +239,8 @@ pub enum Fate {
 
 /// A delivery's fate, every call of the handler, and every copy published
 /// for it.
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
     /// What became of it.
@@ -228,6 +255,8 @@ pub struct Report {
 
 /// Your handler, wrapped by the harness to record its calls (innermost, so
 /// it sees exactly what your handler sees).
+///
+/// Example: the [module docs](crate::testing).
 #[derive(Clone, Debug)]
 pub struct Recording<H> {
     inner: H,
@@ -255,6 +284,8 @@ impl<H: Service<Delivery>> Service<Delivery> for Recording<H> {
 }
 
 /// The exact stack `App` builds for one queue, in memory.
+///
+/// Example: the [module docs](crate::testing).
 pub struct TestQueue {
     service: BoxService<Delivery, Decision, BoxError>,
     queue: QueueConfig,

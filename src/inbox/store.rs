@@ -14,6 +14,8 @@ const MARK: &str =
     "INSERT INTO acemq_inbox (queue, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// The inbox's PostgreSQL store; see the [module docs](super).
+///
+/// Example: the [module docs](crate::inbox); runnable: `examples/outbox.rs`.
 #[derive(Clone)]
 pub struct PgInbox {
     pool: Pool,

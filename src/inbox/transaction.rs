@@ -21,6 +21,8 @@ use super::client::InboxClient;
 /// or `ROLLBACK` sent as a statement is found before the layer's commit
 /// (the transaction's id, recorded at `BEGIN`, is no longer the current
 /// one) and the delivery is dead-lettered with reason `transaction-ended`.
+///
+/// Example: the [module docs](crate::inbox); runnable: `examples/outbox.rs`.
 #[derive(Clone)]
 pub struct PgTransaction {
     inner: Arc<Inner>,
@@ -37,6 +39,8 @@ struct Inner {
 
 /// The delivery has no [`PgTransaction`]: the handler is not under an
 /// `InboxLayer` on a [`PgInbox`](super::PgInbox).
+///
+/// Example: the [module docs](crate::inbox); runnable: `examples/outbox.rs`.
 #[derive(Debug)]
 pub struct NoTransaction(());
 

@@ -130,6 +130,15 @@ use serde::Serialize;
 use crate::app::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
 
 /// The admin routes over `health` (see the [module docs](crate::admin)).
+///
+/// ```
+/// // The routes answer from the handle alone: no broker needed to build them.
+/// let app: axum::Router = acemq::admin::router(acemq::Health::new());
+/// # let _ = app;
+/// ```
+///
+/// Serving it beside your own routes: the [module docs](crate::admin) and
+/// `examples/axum_side_by_side.rs`.
 pub fn router(health: Health) -> Router {
     Router::new()
         .route("/healthz", get(healthz))

@@ -63,6 +63,8 @@ use crate::amqp::connection::{connect, redact, ConnectError};
 use crate::amqp::convert::{headers_from_table, properties_from_lapin, properties_to_lapin};
 
 /// What to replay.
+///
+/// Example: the [module docs](crate::replay); the runnable command is `examples/replay.rs`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReplayOptions {
@@ -94,6 +96,8 @@ impl ReplayOptions {
 }
 
 /// What a replay did.
+///
+/// Example: the [module docs](crate::replay); the runnable command is `examples/replay.rs`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReplayReport {
@@ -137,6 +141,8 @@ impl fmt::Display for ReplayReport {
 
 /// Why a replay stopped. Whatever it had not yet moved is still in the
 /// dead-letter queue; [`ReplayError::report`] says what it had.
+///
+/// Example: the [module docs](crate::replay); the runnable command is `examples/replay.rs`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReplayError {
@@ -191,6 +197,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connects to `addr` (connection name `acemq-replay@host:pid`), replays
 /// `{queue}.dlq` into `queue` (see the [module docs](self)), and closes the
 /// connection.
+///
+/// Example: the [module docs](crate::replay); the runnable command is `examples/replay.rs`.
 pub async fn replay_dead_letters(
     addr: &str,
     queue: &str,
@@ -215,6 +223,16 @@ fn hostname() -> String {
 
 /// Replays `{queue}.dlq` into `queue` on an open connection (two channels of
 /// its own, closed at the end); see the [module docs](self).
+///
+/// ```no_run
+/// use acemq::replay::{replay_on, ReplayOptions};
+///
+/// # async fn run(conn: acemq::lapin::Connection) -> Result<(), acemq::replay::ReplayError> {
+/// // On a connection you already hold (`acemq dlq replay` does this).
+/// let report = replay_on(&conn, "shop.orders", ReplayOptions::new().limit(100)).await?;
+/// println!("{report}");
+/// # Ok(()) }
+/// ```
 pub async fn replay_on(
     connection: &Connection,
     queue: &str,

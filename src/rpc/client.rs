@@ -29,6 +29,8 @@ type Pending = HashMap<String, oneshot::Sender<Result<Reply, RpcError>>>;
 ///
 /// Cheap to clone; clones share one channel, one reply consumer and the
 /// table of calls waiting for their reply.
+///
+/// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Clone)]
 pub struct RpcClient {
     inner: Arc<Inner>,

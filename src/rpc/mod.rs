@@ -124,6 +124,8 @@ use crate::amqp::publisher::Publisher;
 pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 /// One call: where it goes, its body, properties, and its deadline.
+///
+/// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RpcRequest {
@@ -166,6 +168,8 @@ impl RpcRequest {
 }
 
 /// A reply: its body and properties.
+///
+/// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Clone, Debug)]
 pub struct Reply {
     body: Vec<u8>,
@@ -197,6 +201,8 @@ impl Reply {
 }
 
 /// Why a call ended without a reply.
+///
+/// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RpcError {

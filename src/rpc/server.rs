@@ -19,6 +19,8 @@ use crate::amqp::publisher::Publisher;
 /// request is acknowledged. A request without `reply_to` is handled and
 /// nothing is published. An error is returned as is (retries and
 /// dead-lettering apply) and publishes nothing. See [`crate::rpc`].
+///
+/// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Clone, Debug)]
 pub struct Responder<S> {
     publisher: Publisher,

@@ -37,6 +37,8 @@ const ROUND: usize = 256;
 /// The ledger lives in a task the settler spawns. It ends after
 /// [`close`](Settler::close), or once the settler and every [`Ticket`] are
 /// dropped (flushing what it holds first).
+///
+/// Example: the [module docs](crate::settle); runnable: `examples/own_consumer.rs`.
 pub struct Settler {
     shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -79,6 +81,8 @@ pub struct Ticket {
 }
 
 /// What [`Ticket::settle`] did with the decision.
+///
+/// Example: the [module docs](crate::settle); runnable: `examples/own_consumer.rs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SettleStatus {
@@ -100,6 +104,8 @@ pub enum SettleStatus {
 }
 
 /// What a [`Settler`] has done so far, per delivery.
+///
+/// Example: the [module docs](crate::settle); runnable: `examples/own_consumer.rs`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SettleReport {
