@@ -27,6 +27,10 @@
 //! - `ops`: what operators reach for — the [`admin`] router, [`replay`];
 //! - [`stack`] (the layers around a handler), [`testing`] (its in-memory
 //!   harness), and, with `postgres`, the [`outbox`] and [`inbox`].
+//!
+//! Start with the README's quickstart (compiled as a doctest) and the
+//! service in `examples/shop/main.rs`; every public item's docs carry an
+//! example or point to a runnable one in `examples/`.
 
 mod amqp;
 pub mod app;
