@@ -85,6 +85,8 @@ impl ConnectOptions {
 
 /// Which of an [`App`](crate::App)'s two connections a [`ConnectRequest`]
 /// is for.
+///
+/// Example: the one on [`App::connection_factory`](crate::App::connection_factory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ConnectionRole {
@@ -123,6 +125,8 @@ impl ConnectionRole {
 ///
 /// The address holds the password: log [`redacted_uri`](Self::redacted_uri),
 /// never [`uri`](Self::uri). `Debug` shows it redacted.
+///
+/// Example: the one on [`App::connection_factory`](crate::App::connection_factory).
 #[non_exhaustive]
 pub struct ConnectRequest {
     uri: String,
