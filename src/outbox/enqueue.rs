@@ -15,6 +15,8 @@ const INSERT: &str = "INSERT INTO acemq_outbox (message_id, exchange, routing_ke
 /// The transactional outbox: [`Outbox::enqueue`] writes a message beside
 /// your business rows, in your transaction; the [`Relay`](super::Relay)
 /// publishes it once that transaction has committed.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Outbox;
 

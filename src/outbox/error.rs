@@ -1,6 +1,8 @@
 //! [`OutboxError`]: why an outbox (or inbox store) operation failed.
 
 /// Why an outbox (or inbox store) operation failed.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OutboxError {

@@ -11,6 +11,8 @@ use crate::amqp::convert::{headers_from_table, table_from_headers};
 /// Every message gets a message id: the one you set with
 /// [`message_id`](Self::message_id), else a random UUID given by the
 /// database. Delivery mode defaults to 2 (persistent).
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Clone, Debug)]
 pub struct OutboxMessage {
     pub(crate) exchange: String,
@@ -90,6 +92,8 @@ impl OutboxMessage {
 }
 
 /// A committed outbox row, as the relay publishes it.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct OutboxRecord {

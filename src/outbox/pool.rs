@@ -6,6 +6,8 @@ use super::error::OutboxError;
 /// A connection pool of at most `max_size` connections (plain TCP) from a
 /// libpq-style `settings` string (`host=… user=… dbname=…` or a
 /// `postgresql://` URL). The password, if any, never appears in an error.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 pub fn pool(settings: &str, max_size: usize) -> Result<deadpool_postgres::Pool, OutboxError> {
     let config: tokio_postgres::Config =
         settings

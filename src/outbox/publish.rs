@@ -17,6 +17,8 @@ use crate::Publisher;
 /// `Ok` means the broker confirmed it; [`PublishError::Unroutable`] marks
 /// the row failed (not retried); any other error leaves the row pending for
 /// the next attempt.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 pub trait OutboxPublish: Send + Sync + 'static {
     /// Publishes `record` and waits for the broker's confirm.
     fn publish(
@@ -52,6 +54,8 @@ impl<P: OutboxPublish> OutboxPublish for Arc<P> {
 /// A publisher with a connection of its own, opened on first use and opened
 /// again after a transport failure: for a relay that runs without an
 /// [`App`](crate::App) (a separate relay process, tests).
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 pub struct StandalonePublisher {
     addr: String,
     name: String,

@@ -16,6 +16,8 @@ use super::stats::{RelayStats, Stats};
 use crate::amqp::backoff::Backoff;
 
 /// The relay's settings. Every field has a default, stated on it.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RelayConfig {
@@ -56,6 +58,8 @@ impl Default for RelayConfig {
 
 /// Publishes committed outbox rows with confirms and marks them; see the
 /// [module docs](super).
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 pub struct Relay<P> {
     pool: Pool,
     publisher: P,
@@ -106,6 +110,8 @@ impl<P: OutboxPublish> Relay<P> {
 
 /// The running relay. Dropping it stops the relay at its next step without
 /// waiting; [`stop`](Self::stop) waits.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[must_use = "dropping the handle stops the relay"]
 pub struct RelayHandle {
     stop: CancellationToken,

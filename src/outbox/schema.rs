@@ -31,6 +31,8 @@ const MIGRATE_LOCK: i64 = 0x6163_656d_715f_6d67; // "acemq_mg"
 /// (`client_min_messages = warning`), so PostgreSQL's "already exists,
 /// skipping" notices never reach the connection or your log. Needs
 /// PostgreSQL 13 or later (`gen_random_uuid()`).
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 pub async fn migrate(client: &Client) -> Result<usize, OutboxError> {
     let run = async {
         // `BEGIN` and `SET LOCAL` in one round trip: the setting ends with

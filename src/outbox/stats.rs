@@ -13,6 +13,8 @@ pub(crate) struct Stats {
 }
 
 /// A snapshot of a relay's counters.
+///
+/// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayStats {
