@@ -29,6 +29,8 @@
 //! outcomes were lost and will be redelivered ([`DrainReport::lost`]) —
 //! never "every handler finished". A channel closed once its consumer's
 //! stream has ended is noticed within 100 ms.
+//!
+//! See the example on [`Drain`].
 
 mod bounds;
 mod consumers;

@@ -5,6 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 /// One queue's part of a drain.
+///
+/// Example: the one on [`Drain`](crate::Drain); `examples/shop/main.rs` exits with it through [`finish`](crate::app::finish).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueDrain {
@@ -25,6 +27,8 @@ pub struct QueueDrain {
 }
 
 /// What a clean drain did.
+///
+/// Example: the one on [`Drain`](crate::Drain); `examples/shop/main.rs` exits with it through [`finish`](crate::app::finish).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainReport {
@@ -115,6 +119,8 @@ impl fmt::Display for DrainReport {
 }
 
 /// What ended the wait for handlers early.
+///
+/// Example: the one on [`Drain`](crate::Drain); `examples/shop/main.rs` exits with it through [`finish`](crate::app::finish).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DeadlineKind {
@@ -135,6 +141,8 @@ pub enum DeadlineKind {
 /// says which). The stop was still carried out: consumers cancelled,
 /// handlers cancelled then abandoned, channels and connection closed. The
 /// exit code is 75: work will be redone.
+///
+/// Example: the one on [`Drain`](crate::Drain); `examples/shop/main.rs` exits with it through [`finish`](crate::app::finish).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainTimeout {
