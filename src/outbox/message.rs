@@ -1,6 +1,8 @@
 //! The message a user writes into the outbox, and the row the relay reads
 //! back.
 
+use std::sync::Arc;
+
 use acemq_layers::{Headers, Properties, Value};
 use bytes::Bytes;
 
@@ -94,7 +96,7 @@ impl OutboxMessage {
 /// A committed outbox row, as the relay publishes it.
 ///
 /// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct OutboxRecord {
     /// The row id (`acemq_outbox.id`).
@@ -103,12 +105,12 @@ pub struct OutboxRecord {
     pub exchange: String,
     /// The routing key.
     pub routing_key: String,
-    /// The body.
-    pub body: Vec<u8>,
     /// The headers.
     pub headers: Headers,
     /// The properties; `message_id` is always set.
     pub properties: Properties,
+    /// The row as the database sent it: the body is read from it in place.
+    row: Arc<tokio_postgres::Row>,
 }
 
 impl OutboxRecord {
@@ -116,18 +118,55 @@ impl OutboxRecord {
     pub fn message_id(&self) -> &str {
         self.properties.message_id.as_deref().unwrap_or_default()
     }
+
+    /// The body, read in place from the row the relay claimed (not copied
+    /// out of it).
+    pub fn body(&self) -> &[u8] {
+        self.row.get(BODY)
+    }
 }
 
-/// The columns the relay selects, in the order [`OutboxRecord::from_row`] reads.
-pub(crate) const COLUMNS: &str = "id, message_id, exchange, routing_key, body, headers, \
-    content_type, content_encoding, correlation_id, reply_to, expiration, priority, kind, \
-    app_id, delivery_mode";
+/// The body's length, never its bytes (as a `Delivery` shows it).
+impl std::fmt::Debug for OutboxRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxRecord")
+            .field("id", &self.id)
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("body", &format_args!("<{} bytes>", self.body().len()))
+            .field("headers", &self.headers)
+            .field("properties", &self.properties)
+            .finish()
+    }
+}
+
+/// The body's column in [`columns!`].
+const BODY: usize = 4;
+
+/// The columns the relay selects, in the order [`OutboxRecord::from_row`]
+/// reads (a macro, for `concat!` into the claim's text).
+macro_rules! columns {
+    () => {
+        "id, message_id, exchange, routing_key, body, headers, \
+         content_type, content_encoding, correlation_id, reply_to, expiration, priority, kind, \
+         app_id, delivery_mode"
+    };
+}
+pub(crate) use columns;
 
 impl OutboxRecord {
-    pub(crate) fn from_row(row: &tokio_postgres::Row) -> Result<Self, String> {
-        let headers: Option<Vec<u8>> = row.get(5);
+    /// The record of a claimed row; the reason when the row cannot be read
+    /// (its id given back for the mark).
+    pub(crate) fn from_row(row: tokio_postgres::Row) -> Result<Self, (i64, String)> {
+        let id: i64 = row.get(0);
+        let row = Arc::new(row);
+        Self::read(row).map_err(|why| (id, why))
+    }
+
+    fn read(row: Arc<tokio_postgres::Row>) -> Result<Self, String> {
+        let headers: Option<&[u8]> = row.get(5);
         let headers = match headers {
-            Some(b) => decode_headers(&b)?,
+            Some(b) => decode_headers(b)?,
             None => Headers::new(),
         };
         let mut p = Properties::default();
@@ -141,13 +180,16 @@ impl OutboxRecord {
         p.kind = row.get(12);
         p.app_id = row.get(13);
         p.delivery_mode = Some(row.get::<_, i16>(14).clamp(1, 2) as u8);
+        if let Err(e) = row.try_get::<_, &[u8]>(BODY) {
+            return Err(format!("the body column is not bytea: {e}"));
+        }
         Ok(OutboxRecord {
             id: row.get(0),
             exchange: row.get(2),
             routing_key: row.get(3),
-            body: row.get(4),
             headers,
             properties: p,
+            row,
         })
     }
 }

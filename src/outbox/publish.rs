@@ -34,7 +34,7 @@ impl OutboxPublish for Publisher {
         self.publish_with_headers(
             &record.exchange,
             &record.routing_key,
-            &record.body,
+            record.body(),
             record.properties.clone(),
             &record.headers,
         )
