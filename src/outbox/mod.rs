@@ -17,7 +17,11 @@
 //! - Each message carries a message id (yours, or a UUID): the rare
 //!   duplicate — the relay killed after the broker confirmed and before it
 //!   marked the row — is recognisable, and the consumer's
-//!   [inbox](crate::inbox) skips it.
+//!   [inbox](crate::inbox) skips it. The relay overlaps its database work
+//!   with publishing (while one batch publishes, the one before marks and
+//!   the one after has claimed its rows; [`RelayStats::in_flight`]), and a
+//!   batch publishes only once the batch two before it has ended: a relay
+//!   killed mid-way publishes at most two batches a second time.
 //! - Several relays (several instances) share one table: each batch claims
 //!   its rows with `FOR UPDATE SKIP LOCKED`, so without a crash no row is
 //!   published twice.
@@ -59,8 +63,9 @@
 //!
 //! Without an `App`, start the relay after the topology is declared; stop
 //! it before the consumers drain (publishers first, DESIGN.md): [`RelayHandle::stop`]
-//! lets the batch in hand finish or leaves its rows pending for the next
-//! start — nothing is lost either way.
+//! lets the batch publishing finish, releases the one claimed behind it, and
+//! leaves what it did not mark pending for the next start — nothing is lost
+//! either way.
 //!
 //! ```no_run
 //! use acemq::outbox::{self, Outbox, OutboxMessage, Relay, StandalonePublisher};

@@ -1,16 +1,23 @@
 //! The relay: a background task that publishes committed outbox rows.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::batch;
+use super::error::OutboxError;
 use super::publish::OutboxPublish;
 use super::stats::{RelayStats, Stats};
 use crate::amqp::backoff::Backoff;
@@ -22,6 +29,13 @@ use crate::amqp::backoff::Backoff;
 #[non_exhaustive]
 pub struct RelayConfig {
     /// Rows claimed and published per batch. Default 200.
+    ///
+    /// Up to three batches are in flight at once: while one publishes, the
+    /// one before marks its rows and commits and the one after has claimed
+    /// its rows. Publishing is one batch at a time, and a batch publishes
+    /// only once the batch two before it has ended, so at most two batches
+    /// are published and not yet marked: a relay killed mid-way publishes
+    /// up to two batches a second time on its next start (same message ids).
     pub batch_size: usize,
     /// How long to wait before looking again when the table had fewer
     /// pending rows than a batch. Default 100 ms.
@@ -136,13 +150,15 @@ impl RelayHandle {
             failed: self.stats.failed.load(Ordering::Relaxed),
             failed_batches: self.stats.failed_batches.load(Ordering::Relaxed),
             cleaned: self.stats.cleaned.load(Ordering::Relaxed),
+            in_flight: self.stats.in_flight.load(Ordering::Relaxed),
         }
     }
 
-    /// Stops the relay: no new batch is claimed; the batch in hand is
-    /// published and marked (bounded by `publish_timeout`), or, if it
-    /// fails, its rows stay pending for the next start. Resolves when the
-    /// relay task has ended; returns the final counters.
+    /// Stops the relay: no new batch is claimed; the batch publishing is
+    /// finished and marked (bounded by `publish_timeout`), or, if it fails,
+    /// its rows stay pending for the next start; a batch claimed and not yet
+    /// publishing releases its rows unpublished. Resolves when the relay
+    /// task has ended; returns the final counters.
     ///
     /// # Cancellation safety
     ///
@@ -173,6 +189,13 @@ impl Drop for RelayHandle {
     }
 }
 
+/// Batches in flight at once: while one publishes, the one before marks
+/// its rows and commits and the one after has claimed its rows. Publishing
+/// is one batch at a time, and a batch publishes only once the batch two
+/// before it has ended: at most two batches are published and not yet
+/// marked — what a relay killed mid-way publishes a second time.
+const PIPELINE: usize = 3;
+
 async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: Arc<Stats>) {
     let Relay {
         pool,
@@ -181,51 +204,135 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
     } = relay;
     let limit = i64::try_from(config.batch_size.max(1)).unwrap_or(i64::MAX);
     let mut backoff = Backoff::between(config.retry_initial, config.retry_max);
-    let mut next_cleanup = Instant::now();
     debug!(batch_size = config.batch_size, "outbox relay started");
-    while !stop.is_cancelled() {
-        if Instant::now() >= next_cleanup {
-            next_cleanup = Instant::now() + config.cleanup_interval;
-            match batch::cleanup(&pool, config.retention).await {
-                Ok(n) => {
-                    stats.cleaned.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => warn!("outbox cleanup failed, trying again later: {e}"),
+    let mut running = FuturesUnordered::new();
+    // The claim of the batch started last, while it is under way: the next
+    // batch claims after it, so that it skips the rows this one locked.
+    let mut claiming: Option<oneshot::Receiver<usize>> = None;
+    // The signal that the batch started last has finished publishing.
+    let mut last_published: Option<oneshot::Receiver<()>> = None;
+    // The signals that the batches started last and before it have ended
+    // (at most two, the older first).
+    let mut ends: VecDeque<oneshot::Receiver<()>> = VecDeque::with_capacity(2);
+    let mut next_claim = Instant::now();
+    let mut next_cleanup = Instant::now();
+    let mut cleanup: Option<Pin<Box<dyn Future<Output = Result<u64, OutboxError>> + Send + '_>>> =
+        None;
+    loop {
+        let stopping = stop.is_cancelled();
+        if stopping {
+            // What cleanup was doing is done again next time.
+            cleanup = None;
+            if running.is_empty() {
+                break;
             }
         }
-        let wait = match batch::run(&pool, &publisher, limit, config.publish_timeout, &stats).await
-        {
-            Ok(b) if b.transport_errors == 0 => {
-                backoff.reset();
-                if b.claimed as i64 >= limit {
-                    continue;
-                }
-                config.poll_interval
-            }
-            Ok(b) => {
-                stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("acemq.outbox.transport_errors")
-                    .increment(b.transport_errors as u64);
-                let wait = backoff.next_delay();
-                warn!(
-                    rows = b.transport_errors,
-                    retry_in = ?wait,
-                    "outbox publish failed, the rows stay pending: {}",
-                    b.first_error.unwrap_or_default()
-                );
-                wait
-            }
-            Err(e) => {
-                stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("acemq.outbox.database_errors").increment(1);
-                let wait = backoff.next_delay();
-                warn!(retry_in = ?wait, "outbox relay batch failed, the rows stay pending: {e}");
-                wait
-            }
+        let now = Instant::now();
+        if !stopping && cleanup.is_none() && now >= next_cleanup {
+            next_cleanup = now + config.cleanup_interval;
+            cleanup = Some(Box::pin(batch::cleanup(&pool, config.retention)));
+        }
+        if !stopping && claiming.is_none() && running.len() < PIPELINE && now >= next_claim {
+            let (claimed, claimed_rx) = oneshot::channel();
+            let (published, published_rx) = oneshot::channel();
+            let (ended, ended_rx) = oneshot::channel();
+            let two_back = if ends.len() == 2 {
+                ends.pop_front()
+            } else {
+                None
+            };
+            ends.push_back(ended_rx);
+            let turn = batch::Turn {
+                claimed,
+                after: last_published.replace(published_rx),
+                two_back,
+                published,
+                ended,
+            };
+            running.push(batch::run(
+                &pool,
+                &publisher,
+                limit,
+                config.publish_timeout,
+                &stats,
+                &stop,
+                turn,
+            ));
+            claiming = Some(claimed_rx);
+            continue;
+        }
+        // The next claim's time counts only while a batch may start.
+        let wake = if claiming.is_none() && running.len() < PIPELINE {
+            next_claim.min(next_cleanup)
+        } else {
+            next_cleanup
         };
         tokio::select! {
-            () = stop.cancelled() => break,
-            () = tokio::time::sleep(wait) => {}
+            Some(result) = running.next(), if !running.is_empty() => {
+                if let Some(wait) = settle(result, &mut backoff, &stats) {
+                    next_claim = next_claim.max(Instant::now() + wait);
+                }
+            }
+            claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
+                claiming = None;
+                // A full batch: the next one may claim at once. Fewer rows
+                // (or none, or a failed claim): look again after the poll
+                // interval (a failure's backoff comes with its result).
+                if !matches!(claimed, Ok(n) if n as i64 >= limit) {
+                    next_claim = next_claim.max(Instant::now() + config.poll_interval);
+                }
+            }
+            done = async { cleanup.as_mut().expect("guarded").await }, if cleanup.is_some() => {
+                cleanup = None;
+                match done {
+                    Ok(n) => {
+                        stats.cleaned.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => warn!("outbox cleanup failed, trying again later: {e}"),
+                }
+            }
+            () = tokio::time::sleep_until(wake), if !stopping => {}
+            () = stop.cancelled(), if !stopping => {}
+        }
+    }
+}
+
+/// Accounts for a finished batch; the wait before the next claim when it
+/// failed (the backoff's next step).
+fn settle(
+    result: Result<batch::Batch, OutboxError>,
+    backoff: &mut Backoff,
+    stats: &Stats,
+) -> Option<Duration> {
+    match result {
+        Ok(b) if b.transport_errors == 0 => {
+            if b.released > 0 {
+                debug!(
+                    rows = b.released,
+                    "outbox relay stopping: a claimed batch released unpublished"
+                );
+            }
+            backoff.reset();
+            None
+        }
+        Ok(b) => {
+            stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("acemq.outbox.transport_errors").increment(b.transport_errors as u64);
+            let wait = backoff.next_delay();
+            warn!(
+                rows = b.transport_errors,
+                retry_in = ?wait,
+                "outbox publish failed, the rows stay pending: {}",
+                b.first_error.unwrap_or_default()
+            );
+            Some(wait)
+        }
+        Err(e) => {
+            stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("acemq.outbox.database_errors").increment(1);
+            let wait = backoff.next_delay();
+            warn!(retry_in = ?wait, "outbox relay batch failed, the rows stay pending: {e}");
+            Some(wait)
         }
     }
 }

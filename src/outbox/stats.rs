@@ -10,6 +10,7 @@ pub(crate) struct Stats {
     pub(crate) failed: AtomicU64,
     pub(crate) failed_batches: AtomicU64,
     pub(crate) cleaned: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
 }
 
 /// A snapshot of a relay's counters.
@@ -26,4 +27,9 @@ pub struct RelayStats {
     pub failed_batches: u64,
     /// Sent rows deleted by cleanup.
     pub cleaned: u64,
+    /// Rows claimed now and not yet marked or released (at most three
+    /// batches: one marking, one publishing, one claimed ahead): were the
+    /// relay killed at this moment, its next start publishes them, those of
+    /// the first two a second time.
+    pub in_flight: u64,
 }

@@ -1,11 +1,15 @@
 //! The relay in process: rollback, commit, unroutable, two relays, broker
-//! down, stop with rows pending.
+//! down, stop with rows pending, batches in flight, a crash mid-way.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq::outbox::{Outbox, OutboxMessage, Relay, RelayConfig, StandalonePublisher};
+use acemq::layers::PublishError;
+use acemq::outbox::{
+    Outbox, OutboxMessage, OutboxPublish, OutboxRecord, Relay, RelayConfig, StandalonePublisher,
+};
 use acemq::topology::Topology;
 use acemq::Publisher;
 
@@ -307,7 +311,6 @@ async fn cleanup_deletes_sent_rows_past_the_retention_and_keeps_failed_ones() {
 async fn app_runs_the_relay_on_its_publishing_connection_and_stops_it_first_in_the_drain() {
     use acemq::config::QueueConfig;
     use acemq::{App, BoxError, Config, Delivery};
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     let db = TestDb::create().await;
     let broker = Broker::new().await;
@@ -355,5 +358,271 @@ async fn app_runs_the_relay_on_its_publishing_connection_and_stops_it_first_in_t
             .await,
         5,
         "no relay after the drain: {report:?}"
+    );
+}
+
+/// A publisher whose publishes wait at a gate the test opens; counts the
+/// publishes started and finished, and the most under way at once.
+struct Gated {
+    inner: StandalonePublisher,
+    open: tokio::sync::watch::Receiver<bool>,
+    started: AtomicUsize,
+    finished: AtomicUsize,
+    under_way: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Gated {
+    fn new(name: &str) -> (Arc<Gated>, tokio::sync::watch::Sender<bool>) {
+        let (gate, open) = tokio::sync::watch::channel(false);
+        let gated = Arc::new(Gated {
+            inner: StandalonePublisher::new(addr(), name),
+            open,
+            started: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            under_way: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        });
+        (gated, gate)
+    }
+}
+
+impl OutboxPublish for Gated {
+    async fn publish(&self, record: &OutboxRecord) -> Result<(), PublishError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let now = self.under_way.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let mut open = self.open.clone();
+        let _ = open.wait_for(|o| *o).await;
+        let result = self.inner.publish(record).await;
+        self.under_way.fetch_sub(1, Ordering::SeqCst);
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_claimed_ahead_while_one_publishes_publishing_stays_one_batch_at_a_time_and_stop_releases_the_claimed_ones(
+) {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("overlap");
+    broker.declare(&q).await;
+    let ids = db.enqueue(&q, 40).await;
+    let (gated, gate) = Gated::new("acemq-test-relay-overlap");
+    let mut config = fast();
+    config.batch_size = 10;
+    let relay = Relay::new(db.pool.clone(), gated.clone())
+        .config(config.clone())
+        .spawn();
+    // The first batch's publishes wait at the gate; two more batches claim
+    // their rows meanwhile, and wait for their turn to publish; no fourth.
+    wait_until(
+        "two batches claimed ahead while the first publishes",
+        BOUND,
+        || async { gated.started.load(Ordering::SeqCst) == 10 && relay.stats().in_flight == 30 },
+    )
+    .await;
+    assert_eq!(
+        gated.started.load(Ordering::SeqCst),
+        10,
+        "the batches claimed ahead wait for the first to finish publishing"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'pending'")
+            .await,
+        40
+    );
+    // Stop while three are in flight: the publishing batch finishes and is
+    // marked; those claimed ahead are released unpublished.
+    let stop = relay.stop();
+    tokio::pin!(stop);
+    assert!(
+        futures::poll!(&mut stop).is_pending(),
+        "the first batch is still at the gate"
+    );
+    gate.send_replace(true);
+    let stats = tokio::time::timeout(BOUND, stop)
+        .await
+        .expect("stop returns once the publishing batch is marked");
+    assert_eq!((stats.published, stats.in_flight), (10, 0), "{stats:?}");
+    assert_eq!(
+        gated.started.load(Ordering::SeqCst),
+        10,
+        "the released batches published nothing"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'pending'")
+            .await,
+        30
+    );
+    assert_eq!(broker.ready(&q).await, 10);
+
+    // The next start publishes the released rows; at most one batch
+    // publishes at a time throughout.
+    let relay = Relay::new(db.pool.clone(), gated.clone())
+        .config(config)
+        .spawn();
+    wait_until("the 40 rows sent", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 40
+    })
+    .await;
+    let stats = relay.stop().await;
+    assert_eq!((stats.published, stats.in_flight), (30, 0), "{stats:?}");
+    assert!(
+        gated.most.load(Ordering::SeqCst) <= 10,
+        "publishes under way at once: {} (one batch of 10 at a time)",
+        gated.most.load(Ordering::SeqCst)
+    );
+    let mut got = broker.take_all(&q).await;
+    got.sort();
+    let mut want = ids;
+    want.sort();
+    assert_eq!(got, want, "every row once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_marks_cannot_commit_at_most_two_batches_are_published_the_third_waits() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("marks-held");
+    broker.declare(&q).await;
+    let ids = db.enqueue(&q, 40).await;
+    // A SHARE lock on the table: the relay's claims (row locks) go
+    // through, its marks (UPDATE) wait for the lock.
+    let mut holder = db.pool.get().await.unwrap();
+    let lock = holder.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE acemq_outbox IN SHARE MODE")
+        .await
+        .unwrap();
+    let (gated, gate) = Gated::new("acemq-test-relay-marks-held");
+    gate.send_replace(true);
+    let mut config = fast();
+    config.batch_size = 10;
+    config.cleanup_interval = Duration::from_secs(3600);
+    let relay = Relay::new(db.pool.clone(), gated.clone())
+        .config(config)
+        .spawn();
+    wait_until(
+        "two batches published (confirmed) and a third claimed, nothing marked",
+        BOUND,
+        || async { gated.finished.load(Ordering::SeqCst) == 20 && relay.stats().in_flight == 30 },
+    )
+    .await;
+    assert_eq!(
+        gated.started.load(Ordering::SeqCst),
+        20,
+        "the third batch waits for the first's mark before publishing"
+    );
+    lock.rollback().await.unwrap();
+    drop(holder);
+    wait_until("the 40 rows sent", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 40
+    })
+    .await;
+    let stats = relay.stop().await;
+    assert_eq!(stats.published, 40, "{stats:?}");
+    let mut got = broker.take_all(&q).await;
+    got.sort();
+    let mut want = ids;
+    want.sort();
+    assert_eq!(got, want, "every row once");
+}
+
+/// A publisher that crashes the relay (a panic in its task, every open
+/// transaction dropped) once `at` publishes were confirmed: the relay
+/// killed after confirms and before their marks, with batches in flight.
+struct Crashing {
+    inner: StandalonePublisher,
+    at: usize,
+    confirmed: AtomicUsize,
+}
+
+impl OutboxPublish for Crashing {
+    async fn publish(&self, record: &OutboxRecord) -> Result<(), PublishError> {
+        let result = self.inner.publish(record).await;
+        if result.is_ok() && self.confirmed.fetch_add(1, Ordering::SeqCst) + 1 == self.at {
+            panic!(
+                "the relay crashes here (test hook), after {} confirms",
+                self.at
+            );
+        }
+        result
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_crashing_with_batches_in_flight_loses_nothing_and_its_next_start_publishes_at_most_two_batches_again(
+) {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("crash");
+    broker.declare(&q).await;
+    let batch = 50;
+    let ids = db.enqueue(&q, 400).await;
+    let mut config = fast();
+    config.batch_size = batch;
+    // Mid-way through the fourth batch's publishes.
+    let crashing = Arc::new(Crashing {
+        inner: StandalonePublisher::new(addr(), "acemq-test-relay-crash"),
+        at: 3 * batch + batch / 2,
+        confirmed: AtomicUsize::new(0),
+    });
+    let relay = Relay::new(db.pool.clone(), crashing.clone())
+        .config(config.clone())
+        .spawn();
+    wait_until("the crash", BOUND, || async {
+        crashing.confirmed.load(Ordering::SeqCst) >= crashing.at
+    })
+    .await;
+    let crashed = tokio::time::timeout(BOUND, relay.stop())
+        .await
+        .expect("the crashed relay's handle stops");
+    assert!(crashed.published < 400, "crashed mid-way: {crashed:?}");
+
+    let relay = Relay::new(
+        db.pool.clone(),
+        StandalonePublisher::new(addr(), "acemq-test-relay-after-crash"),
+    )
+    .config(config)
+    .spawn();
+    wait_until("the 400 rows sent after the restart", BOUND, || async {
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await
+            == 400
+    })
+    .await;
+    relay.stop().await;
+    let got = broker.take_all(&q).await;
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for id in &got {
+        *seen.entry(id.as_str()).or_default() += 1;
+    }
+    let missing = ids
+        .iter()
+        .filter(|id| !seen.contains_key(id.as_str()))
+        .count();
+    let duplicates = got.len() - seen.len();
+    eprintln!(
+        "relay crash after {} confirms ({} rows marked by then): {} messages, {} distinct, {duplicates} duplicates, {missing} missing",
+        crashing.at,
+        crashed.published,
+        got.len(),
+        seen.len()
+    );
+    assert_eq!(missing, 0, "every row published at least once");
+    assert!(
+        duplicates <= 2 * batch,
+        "{duplicates} duplicates: more than two batches published and not marked"
+    );
+    // Batches publish one at a time: the crash came with half of the fourth
+    // batch confirmed and none of it marked.
+    assert!(
+        duplicates >= batch / 2,
+        "{duplicates} duplicates: the confirmed, unmarked rows were published again"
     );
 }
