@@ -4,7 +4,13 @@
 //!
 //! - **relay**: `ACEMQ_BENCH_ROWS` (default 20,000) committed rows; time
 //!   from `Relay::spawn` until every row is published, confirmed and marked
-//!   sent: rows/s, per relay shape.
+//!   sent: rows/s, per relay shape. Beside the default shape (one relay,
+//!   batch 200), in the same runs, a plain lapin publisher of the same
+//!   messages from memory (same bodies, a message id each, persistent,
+//!   mandatory) with the same confirm window: 200 published at once, then
+//!   their confirms awaited, then the next 200 — the relay's ceiling. Like
+//!   the relay's `StandalonePublisher`, it opens its connection in the
+//!   timed window.
 //! - **inbox**: the same work (one `INSERT` into a table) done by a plain
 //!   handler (autocommit) and by the handler behind `InboxLayer<PgInbox>`
 //!   (BEGIN + mark, the insert, COMMIT), interleaved in one run, one
@@ -28,8 +34,12 @@ use acemq::outbox::{self, Outbox, OutboxMessage, Relay, RelayConfig, StandaloneP
 use acemq::{BoxError, Delivery};
 use deadpool_postgres::Pool;
 use futures::StreamExt;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
+};
 use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -112,6 +122,67 @@ async fn relay_run(pool: &Pool, queue: &str, rows: usize, relays: usize, batch: 
     }
     let _ = queue;
     rows as f64 / secs
+}
+
+/// The same messages as `enqueue` writes, in memory: (message id, body).
+fn plain_messages(rows: usize) -> Vec<(String, Vec<u8>)> {
+    (0..rows)
+        .map(|i| {
+            (
+                format!("00000000-0000-4000-8000-{i:012}"),
+                format!("{{\"id\":\"o-{i}\",\"item\":\"bench\"}}").into_bytes(),
+            )
+        })
+        .collect()
+}
+
+/// A plain lapin publisher of `messages` to `queue`: `window` published
+/// at once on a confirm channel, their confirms awaited, then the next
+/// `window`. Rows/s, opening its connection in the timed window as the
+/// relay's `StandalonePublisher` does.
+async fn plain_run(queue: &str, messages: &[(String, Vec<u8>)], window: usize) -> f64 {
+    let t0 = Instant::now();
+    let conn = lapin::Connection::connect(
+        &acemq::connection::amqp_addr_from_env(),
+        lapin::ConnectionProperties::default().with_connection_name("acemq-bench-plain".into()),
+    )
+    .await
+    .expect("RabbitMQ reachable");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    for chunk in messages.chunks(window.max(1)) {
+        let confirms = futures::future::join_all(chunk.iter().map(|(id, body)| {
+            let ch = &ch;
+            async move {
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    BasicProperties::default()
+                        .with_message_id(id.as_str().into())
+                        .with_delivery_mode(2),
+                )
+                .await?
+                .await
+            }
+        }))
+        .await;
+        for c in confirms {
+            assert!(
+                matches!(c.expect("published"), Confirmation::Ack(None)),
+                "confirmed and routed"
+            );
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = conn.close(200, "OK".into()).await;
+    messages.len() as f64 / secs
 }
 
 fn delivery(i: usize) -> Delivery {
@@ -211,19 +282,38 @@ fn main() {
         println!("| shape | median rows/s | runs (rows/s) |");
         println!("|---|---:|---|");
         let mut enqueue_rates = Vec::new();
+        let messages = plain_messages(rows);
+        let runs_of = |rates: &[f64]| rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
         for (relays, batch) in [(1, 100), (1, 200), (1, 1000), (2, 200)] {
-            let mut rates = Vec::new();
+            // The plain publisher runs beside the default shape, alternating with it.
+            let with_plain = (relays, batch) == (1, RelayConfig::default().batch_size);
+            let (mut rates, mut plain, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..runs {
                 enqueue_rates.push(enqueue(&pool, &queue, rows).await);
-                rates.push(relay_run(&pool, &queue, rows, relays, batch).await);
+                let relay = relay_run(&pool, &queue, rows, relays, batch).await;
+                rates.push(relay);
                 ch.queue_purge(queue.as_str().into(), QueuePurgeOptions::default()).await.expect("purge");
                 pool.get().await.expect("conn").batch_execute("TRUNCATE acemq_outbox").await.expect("truncate");
+                if with_plain {
+                    let p = plain_run(&queue, &messages, batch).await;
+                    plain.push(p);
+                    ratios.push(relay / p);
+                    ch.queue_purge(queue.as_str().into(), QueuePurgeOptions::default()).await.expect("purge");
+                }
             }
-            println!(
-                "| {relays} relay(s), batch {batch} | {:.0} | {} |",
-                median(&rates),
-                rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ")
-            );
+            println!("| {relays} relay(s), batch {batch} | {:.0} | {} |", median(&rates), runs_of(&rates));
+            if with_plain {
+                println!(
+                    "| plain lapin from memory, confirm window {batch} | {:.0} | {} |",
+                    median(&plain),
+                    runs_of(&plain)
+                );
+                println!(
+                    "| relay ÷ plain, batch {batch} (per run, same run's pair) | {:.2} | {} |",
+                    median(&ratios),
+                    ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+                );
+            }
         }
         println!("\nenqueue (pipelined, 500 in flight, one transaction): median {:.0} rows/s", median(&enqueue_rates));
 
