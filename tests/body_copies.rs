@@ -402,7 +402,7 @@ mod outbox {
             // Two connections: the relay's two batches in flight; the
             // first tries warm both up.
             let pool = outbox::pool(&format!("{} dbname={db}", pg_base()), 2).expect("pool");
-            outbox::migrate(&*pool.get().await.expect("a connection"))
+            outbox::migrate(&pool.get().await.expect("a connection"))
                 .await
                 .expect("migrate");
             let conn = connect("acemq-test-body-copies-outbox").await;

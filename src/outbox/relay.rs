@@ -2,13 +2,12 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -216,8 +215,7 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
     let mut ends: VecDeque<oneshot::Receiver<()>> = VecDeque::with_capacity(2);
     let mut next_claim = Instant::now();
     let mut next_cleanup = Instant::now();
-    let mut cleanup: Option<Pin<Box<dyn Future<Output = Result<u64, OutboxError>> + Send + '_>>> =
-        None;
+    let mut cleanup: Option<BoxFuture<'_, Result<u64, OutboxError>>> = None;
     loop {
         let stopping = stop.is_cancelled();
         if stopping {
