@@ -50,7 +50,7 @@
 //! | `ACEMQ_BENCH_N` | 50000 | messages per run |
 //! | `ACEMQ_BENCH_ROUNDS` | 5 | rounds (medians of these) |
 //! | `ACEMQ_BENCH_SHAPES` | `100x8,10x1` | prefetch × concurrency, each with an optional body size (`20x4`, `100x8@16k`) |
-//! | `ACEMQ_BENCH_BODY` | 256 | body size in bytes of every shape without `@` (`16k`, `16KiB` also read) |
+//! | `ACEMQ_BENCH_BODY` | 256 | body size in bytes of every shape without `@` (`16k`, `16KiB`, `1m`, `1MiB` also read) |
 //! | `ACEMQ_BENCH_QUEUE_TYPES` | `classic` | `classic`, `quorum`, or both |
 //! | `ACEMQ_BENCH_ONLY` | all | a comma list of `a,b,c,m,B,B0` |
 //! | `ACEMQ_BENCH_TRANSIENT` | unset | `1`: transient messages |
@@ -222,7 +222,7 @@ impl Settings {
         let body = match std::env::var("ACEMQ_BENCH_BODY") {
             Ok(b) if !b.trim().is_empty() => parse_size(&b).unwrap_or_else(|| {
                 fail(&format!(
-                    "ACEMQ_BENCH_BODY: {b:?} is not a size in bytes (e.g. 256, 16384, 16k)"
+                    "ACEMQ_BENCH_BODY: {b:?} is not a size in bytes (e.g. 256, 16384, 16k, 1m)"
                 ))
             }),
             _ => BODY_LEN,
@@ -394,6 +394,7 @@ fn parse_size(s: &str) -> Option<usize> {
         None => (s, 1),
         Some(i) => match &s[i..] {
             "k" | "K" | "KiB" | "kiB" => (&s[..i], 1024),
+            "m" | "M" | "MiB" => (&s[..i], 1024 * 1024),
             _ => return None,
         },
     };
