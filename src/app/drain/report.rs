@@ -133,6 +133,13 @@ pub enum DeadlineKind {
     /// the handlers were cancelled and their outcomes dropped, and the
     /// broker redelivers those messages ([`DrainReport::lost`]).
     ChannelLost,
+    /// No deadline passed, but the broker did not answer a step of the stop
+    /// in time — the close of a channel or connection (within its close
+    /// bound), or a `basic.cancel` it refused — so the settles sent just
+    /// before may not have reached it and it may redeliver those messages
+    /// ([`DrainTimeout::waiting`] names each step). Seen when a node is
+    /// overloaded, frozen or just continued.
+    Unanswered,
 }
 
 /// The drain did not stop cleanly: its deadline expired (or a second signal
@@ -176,16 +183,17 @@ impl fmt::Display for DrainTimeout {
         } else {
             format!("with handlers still running ({})", queues.join(", "))
         };
-        if self.kind == DeadlineKind::ChannelLost {
-            return self.fmt_lost(f);
-        }
         match self.kind {
+            DeadlineKind::ChannelLost => return self.fmt_lost(f),
+            DeadlineKind::Unanswered => return self.fmt_unanswered(f),
             DeadlineKind::ShutdownTimeout => write!(
                 f,
                 "drain deadline expired: shutdown_timeout ({:.1} s) passed {running}",
                 self.shutdown_timeout.as_secs_f64(),
             )?,
-            _ => write!(f, "drain cut short by a second stop signal {running}")?,
+            DeadlineKind::SecondSignal => {
+                write!(f, "drain cut short by a second stop signal {running}")?
+            }
         }
         if !self.waiting.is_empty() {
             write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
@@ -233,6 +241,47 @@ impl DrainTimeout {
                 "handler finished",
                 "handlers finished"
             ),
+            plural(self.report.handed_back(), "delivery was", "deliveries were"),
+        )
+    }
+}
+
+impl DrainTimeout {
+    /// The drain finished within its deadline, but the broker did not
+    /// answer a step of the stop.
+    fn fmt_unanswered(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "drain not clean: the broker did not answer in time: {}",
+            self.waiting.join("; ")
+        )?;
+        if !self.in_flight.is_empty() {
+            let queues: Vec<String> = self
+                .in_flight
+                .iter()
+                .map(|(q, n)| format!("{q}: {n} in flight"))
+                .collect();
+            write!(
+                f,
+                "; handlers still running ({}) had their tokens cancelled",
+                queues.join(", ")
+            )?;
+        }
+        if self.abandoned > 0 {
+            write!(
+                f,
+                " and {} handler(s) still running {:.1} s later (abandon_after) were abandoned",
+                self.abandoned,
+                self.abandon_after.as_secs_f64()
+            )?;
+        }
+        if let Some(lost) = self.report.lost_text() {
+            write!(f, "; {lost}")?;
+        }
+        write!(
+            f,
+            "; the connections are closed, and the broker may redeliver what it had not settled ({} and {} handed back during the drain). The broker, or the network to it, was slow or not answering: see its logs (a frozen or overloaded node, a memory alarm)",
+            plural(self.report.finished(), "handler finished", "handlers finished"),
             plural(self.report.handed_back(), "delivery was", "deliveries were"),
         )
     }
@@ -307,6 +356,23 @@ mod tests {
             text.starts_with("drain not clean: 2 outcomes were lost with a channel or connection during the drain (a: 2)")
                 && text.contains("the broker will redeliver those messages")
                 && !text.contains("deadline"),
+            "{text}"
+        );
+        let unanswered = DrainTimeout {
+            kind: DeadlineKind::Unanswered,
+            waiting: vec![
+                "the consumer connection: the broker did not answer connection.close within 1s"
+                    .into(),
+            ],
+            report: report(0),
+            ..t.clone()
+        };
+        let text = unanswered.to_string();
+        assert!(
+            text.starts_with("drain not clean: the broker did not answer in time: the consumer connection: the broker did not answer connection.close within 1s")
+                && text.contains("the broker may redeliver what it had not settled (3 handlers finished and 3 deliveries were handed back during the drain)")
+                && !text.contains("deadline")
+                && !text.contains("shutdown_timeout"),
             "{text}"
         );
         let deadline = DrainTimeout {

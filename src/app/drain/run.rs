@@ -222,7 +222,13 @@ impl Drain {
         if hurried {
             Some(DeadlineKind::SecondSignal)
         } else if !unanswered.is_empty() {
-            Some(DeadlineKind::ShutdownTimeout)
+            // A `basic.cancel` the broker never answered waited for the
+            // deadline; one it refused did not.
+            if tokio::time::Instant::now() >= deadline {
+                Some(DeadlineKind::ShutdownTimeout)
+            } else {
+                Some(DeadlineKind::Unanswered)
+            }
         } else {
             tokio::select! {
                 () = self.tracker.wait() => None,
@@ -383,7 +389,8 @@ fn with_lost(unfinished: Option<Unfinished>, report: &DrainReport) -> Option<Unf
 }
 
 /// Closes the broker did not answer are waited for too: they join what the
-/// drain did not finish, or alone end it in a `ShutdownTimeout`.
+/// drain did not finish, or alone make it `Unanswered` (no deadline passed:
+/// saying so would send an operator after a handler that returned).
 fn with_unanswered_close(
     unfinished: Option<Unfinished>,
     unanswered_close: Vec<String>,
@@ -394,7 +401,7 @@ fn with_unanswered_close(
             Some(u) => u.waiting.extend(unanswered_close),
             None => {
                 unfinished = Some(Unfinished {
-                    kind: DeadlineKind::ShutdownTimeout,
+                    kind: DeadlineKind::Unanswered,
                     in_flight: Vec::new(),
                     waiting: unanswered_close,
                 })
