@@ -811,12 +811,23 @@ async fn mixed_faults_lose_no_confirmed_order_and_keep_duplicates_within_a_prefe
         .done
         .iter()
         .flat_map(|e| e.lines())
-        .filter(|l| l.contains("did not answer"))
+        .filter(|l| l.contains("did not answer") && l.contains("(connect_timeout)"))
         .collect();
     eprintln!(
         "declarations or consumes the broker did not answer within connect_timeout (tried again): {}",
         unanswered.len()
     );
+    // A drain's close the broker did not answer ends it with exit 75: shown
+    // apart, with its line.
+    for l in shops
+        .done
+        .iter()
+        .flat_map(|e| e.lines())
+        .filter(|l| l.contains("drain not clean: the broker did not answer"))
+        .take(5)
+    {
+        eprintln!("  drain: {l}");
+    }
     for l in unanswered.iter().take(20) {
         eprintln!("  {l}");
     }
