@@ -14,7 +14,10 @@
 //!   the same `N` messages (mandatory, persistent, to a durable queue) with at
 //!   most `W` confirms outstanding: `W` = 1 (each confirm awaited in turn),
 //!   `W` = concurrency (what `concurrency` handlers that each await their
-//!   confirm could reach at best), and `W` = `N` (everything pipelined).
+//!   confirm could reach at best), `W` = prefetch (the storm's own window:
+//!   a copy frees its handler slot once sent, and the deliveries waiting
+//!   for their confirms are bounded by the prefetch) and `W` = `N`
+//!   (everything pipelined).
 //!
 //! Under the table: the storm's most deliveries in flight at once (the
 //! health snapshot's count: handlers and deliveries confirming their copy),
@@ -58,12 +61,15 @@ enum Kind {
 }
 
 impl Kind {
-    fn name(self, n: usize, concurrency: usize) -> String {
+    fn name(self, n: usize, concurrency: usize, prefetch: usize) -> String {
         match self {
             Kind::Storm => "acemq rung publishes (failure storm)".to_owned(),
             Kind::Plain(1) => "plain lapin, window 1 (each confirm in turn)".to_owned(),
             Kind::Plain(w) if w == concurrency => {
                 format!("plain lapin, window {w} (= concurrency)")
+            }
+            Kind::Plain(w) if w == prefetch => {
+                format!("plain lapin, window {w} (= prefetch, the storm's)")
             }
             Kind::Plain(w) if w == n => format!("plain lapin, window {w} (all pipelined)"),
             Kind::Plain(w) => format!("plain lapin, window {w}"),
@@ -237,11 +243,16 @@ fn main() {
                 eprintln!("ACEMQ_BENCH_SHAPES: {shape:?} is not PREFETCHxCONCURRENCY, e.g. 50x8");
                 std::process::exit(2);
             };
+            // The storm's own window is the prefetch (a copy frees its
+            // handler slot once sent; the delivery stays unacknowledged
+            // until its confirm): plain lapin at that window is the
+            // like-for-like row.
             let mut kinds = vec![Kind::Storm, Kind::Plain(1), Kind::Plain(concurrency)];
-            if n != 1 && n != concurrency {
-                kinds.push(Kind::Plain(n));
+            for w in [usize::from(prefetch), n] {
+                if !kinds.contains(&Kind::Plain(w)) {
+                    kinds.push(Kind::Plain(w));
+                }
             }
-            kinds.dedup();
             println!("\n## prefetch {prefetch} × concurrency {concurrency}, N = {n}, {rounds} rounds\n");
             let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); kinds.len()];
             for round in 0..rounds {
@@ -253,7 +264,7 @@ fn main() {
                     };
                     eprintln!(
                         "round {round} {:<44} {:>8.0} /s {:>7.2} µs client CPU/msg (load {:.2})",
-                        kinds[idx].name(n, concurrency),
+                        kinds[idx].name(n, concurrency, usize::from(prefetch)),
                         s.per_s,
                         s.cpu_us_per_msg,
                         s.load
@@ -271,7 +282,7 @@ fn main() {
                 let runs: Vec<String> = v.iter().map(|s| format!("{:.0}", s.per_s)).collect();
                 println!(
                     "| {} | {:.0} | {} | {:.1} | {:.3} |",
-                    kind.name(n, concurrency),
+                    kind.name(n, concurrency, usize::from(prefetch)),
                     med(v, |s| s.per_s),
                     runs.join(", "),
                     med(v, |s| s.cpu_us_per_msg),
