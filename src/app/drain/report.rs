@@ -173,15 +173,10 @@ pub struct DrainTimeout {
 
 impl fmt::Display for DrainTimeout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let queues: Vec<String> = self
-            .in_flight
-            .iter()
-            .map(|(q, n)| format!("{q}: {n} in flight"))
-            .collect();
-        let running = if queues.is_empty() {
+        let running = if self.in_flight.is_empty() {
             "before the drain finished".to_owned()
         } else {
-            format!("with handlers still running ({})", queues.join(", "))
+            format!("with handlers still running ({})", self.in_flight_list())
         };
         match self.kind {
             DeadlineKind::ChannelLost => return self.fmt_lost(f),
@@ -199,22 +194,11 @@ impl fmt::Display for DrainTimeout {
             write!(f, "; still waiting for: {}", self.waiting.join("; "))?;
         }
         write!(f, "; their tokens were cancelled")?;
-        if self.abandoned > 0 {
-            write!(
-                f,
-                " and {} handler(s) still running {:.1} s later (abandon_after) were abandoned",
-                self.abandoned,
-                self.abandon_after.as_secs_f64()
-            )?;
-        }
-        if let Some(lost) = self.report.lost_text() {
-            write!(f, "; {lost}")?;
-        }
+        self.fmt_abandoned_and_lost(f)?;
         write!(
             f,
-            "; the connections are closed and the broker will redeliver their messages ({} and {} handed back during the drain). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
-            plural(self.report.finished(), "handler finished", "handlers finished"),
-            plural(self.report.handed_back(), "delivery was", "deliveries were"),
+            "; the connections are closed and the broker will redeliver their messages ({}). Lengthen shutdown_timeout (within the orchestrator's grace) or find the handler that does not return",
+            self.counts(),
         )
     }
 }
@@ -233,40 +217,23 @@ impl DrainTimeout {
                 self.abandon_after.as_secs_f64()
             )?;
         }
-        write!(
-            f,
-            "; the connections are closed ({} and {} handed back during the drain)",
-            plural(
-                self.report.finished(),
-                "handler finished",
-                "handlers finished"
-            ),
-            plural(self.report.handed_back(), "delivery was", "deliveries were"),
-        )
+        write!(f, "; the connections are closed ({})", self.counts())
     }
 }
 
 impl DrainTimeout {
-    /// The drain finished within its deadline, but the broker did not
-    /// answer a step of the stop.
-    fn fmt_unanswered(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "drain not clean: the broker did not answer in time: {}",
-            self.waiting.join("; ")
-        )?;
-        if !self.in_flight.is_empty() {
-            let queues: Vec<String> = self
-                .in_flight
-                .iter()
-                .map(|(q, n)| format!("{q}: {n} in flight"))
-                .collect();
-            write!(
-                f,
-                "; handlers still running ({}) had their tokens cancelled",
-                queues.join(", ")
-            )?;
-        }
+    /// `q: 1 in flight, r: 2 in flight`.
+    fn in_flight_list(&self) -> String {
+        let queues: Vec<String> = self
+            .in_flight
+            .iter()
+            .map(|(q, n)| format!("{q}: {n} in flight"))
+            .collect();
+        queues.join(", ")
+    }
+
+    /// The handlers abandoned after the grace, and the outcomes lost, if any.
+    fn fmt_abandoned_and_lost(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.abandoned > 0 {
             write!(
                 f,
@@ -278,11 +245,42 @@ impl DrainTimeout {
         if let Some(lost) = self.report.lost_text() {
             write!(f, "; {lost}")?;
         }
+        Ok(())
+    }
+
+    /// `3 handlers finished and 1 delivery was handed back during the drain`.
+    fn counts(&self) -> String {
+        format!(
+            "{} and {} handed back during the drain",
+            plural(
+                self.report.finished(),
+                "handler finished",
+                "handlers finished"
+            ),
+            plural(self.report.handed_back(), "delivery was", "deliveries were"),
+        )
+    }
+
+    /// The drain finished within its deadline, but the broker did not
+    /// answer a step of the stop.
+    fn fmt_unanswered(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "; the connections are closed, and the broker may redeliver what it had not settled ({} and {} handed back during the drain). The broker, or the network to it, was slow or not answering: see its logs (a frozen or overloaded node, a memory alarm)",
-            plural(self.report.finished(), "handler finished", "handlers finished"),
-            plural(self.report.handed_back(), "delivery was", "deliveries were"),
+            "drain not clean: the broker did not answer in time: {}",
+            self.waiting.join("; ")
+        )?;
+        if !self.in_flight.is_empty() {
+            write!(
+                f,
+                "; handlers still running ({}) had their tokens cancelled",
+                self.in_flight_list()
+            )?;
+        }
+        self.fmt_abandoned_and_lost(f)?;
+        write!(
+            f,
+            "; the connections are closed, and the broker may redeliver what it had not settled ({}). The broker, or the network to it, was slow or not answering: see its logs (a frozen or overloaded node, a memory alarm)",
+            self.counts(),
         )
     }
 }
