@@ -100,6 +100,10 @@ struct Sink {
     handled: AtomicU64,
     sum: AtomicU64,
     done: Notify,
+    /// When the sink was made, just before the timed window opens.
+    made: Instant,
+    /// Nanoseconds from `made` to the first handling (`u64::MAX` until then).
+    first_ns: AtomicU64,
 }
 
 impl Sink {
@@ -109,7 +113,17 @@ impl Sink {
             handled: AtomicU64::new(0),
             sum: AtomicU64::new(0),
             done: Notify::new(),
+            made: Instant::now(),
+            first_ns: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// When the first delivery was handled, if one was.
+    fn first(&self) -> Option<Instant> {
+        match self.first_ns.load(Ordering::Acquire) {
+            u64::MAX => None,
+            ns => Some(self.made + Duration::from_nanos(ns)),
+        }
     }
 
     /// The trivial handler.
@@ -118,7 +132,12 @@ impl Sink {
             .iter()
             .fold(0u64, |a, &b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
         self.sum.fetch_add(s, Ordering::Relaxed);
-        if self.handled.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+        let handled = self.handled.fetch_add(1, Ordering::AcqRel);
+        if handled == 0 {
+            let ns = u64::try_from(self.made.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+            self.first_ns.store(ns, Ordering::Release);
+        }
+        if handled + 1 == self.n {
             self.done.notify_one();
         }
     }
@@ -415,6 +434,11 @@ struct Sample {
     broker_us_per_msg: f64,
     /// The 1-min load average just before the timed window.
     load: f64,
+    /// From the window's start (before the consumer connects) to the first
+    /// handling: the consumer's start-up, in milliseconds.
+    first_ms: f64,
+    /// From the first handling to the last: the rate once started.
+    steady_msgs_per_s: f64,
 }
 
 /// Opens the plain consumer's connection and channel.
@@ -664,7 +688,9 @@ async fn run_one(
         }
     };
     done.await;
-    let elapsed = t0.elapsed();
+    let end = Instant::now();
+    let elapsed = end - t0;
+    let first = sink.first().unwrap_or(t0).max(t0);
     let cpu = Cpu::now().since(cpu0);
     let b1 = broker_cpu();
     task.await.expect("consumer task");
@@ -683,6 +709,8 @@ async fn run_one(
             _ => f64::NAN,
         },
         load,
+        first_ms: (first - t0).as_secs_f64() * 1e3,
+        steady_msgs_per_s: (n.saturating_sub(1)) as f64 / (end - first).as_secs_f64().max(1e-9),
     }
 }
 
@@ -768,9 +796,11 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
             )
             .await;
             eprintln!(
-                "round {round} {:<26} {:>8.0} msgs/s {:>6.2} µs client CPU/msg {:>6} µs broker CPU/msg (load {:.2})",
+                "round {round} {:<26} {:>8.0} msgs/s ({:>8.0} from the first, started in {:>5.1} ms) {:>6.2} µs client CPU/msg {:>6} µs broker CPU/msg (load {:.2})",
                 kind.name(),
                 s.msgs_per_s,
+                s.steady_msgs_per_s,
+                s.first_ms,
                 s.cpu_us_per_msg,
                 fmt(s.broker_us_per_msg, 2),
                 s.load,
@@ -782,12 +812,12 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
         }
     }
 
-    println!("| consumer | msgs/s (median) | msgs/s (runs) | client CPU µs/msg (median) | user | sys | broker CPU µs/msg (median) |");
-    println!("|---|---:|---|---:|---:|---:|---:|");
+    println!("| consumer | msgs/s (median) | msgs/s (runs) | client CPU µs/msg (median) | user | sys | broker CPU µs/msg (median) | ms to the first handling | msgs/s from the first |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for (kind, v) in &samples {
         let runs: Vec<String> = v.iter().map(|s| format!("{:.0}", s.msgs_per_s)).collect();
         println!(
-            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {} | {:.1} | {:.0} |",
             kind.name(),
             med(v, |s| s.msgs_per_s),
             runs.join(", "),
@@ -795,6 +825,8 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
             med(v, |s| s.user_us_per_msg),
             med(v, |s| s.sys_us_per_msg),
             fmt(med(v, |s| s.broker_us_per_msg), 2),
+            med(v, |s| s.first_ms),
+            med(v, |s| s.steady_msgs_per_s),
         );
     }
     let loads: Vec<f64> = samples
