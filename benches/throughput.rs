@@ -78,7 +78,7 @@ mod support;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use acemq::{App, Config, Delivery};
@@ -100,10 +100,8 @@ struct Sink {
     handled: AtomicU64,
     sum: AtomicU64,
     done: Notify,
-    /// When the sink was made, just before the timed window opens.
-    made: Instant,
-    /// Nanoseconds from `made` to the first handling (`u64::MAX` until then).
-    first_ns: AtomicU64,
+    /// When the first delivery was handled.
+    first: OnceLock<Instant>,
 }
 
 impl Sink {
@@ -113,17 +111,8 @@ impl Sink {
             handled: AtomicU64::new(0),
             sum: AtomicU64::new(0),
             done: Notify::new(),
-            made: Instant::now(),
-            first_ns: AtomicU64::new(u64::MAX),
+            first: OnceLock::new(),
         })
-    }
-
-    /// When the first delivery was handled, if one was.
-    fn first(&self) -> Option<Instant> {
-        match self.first_ns.load(Ordering::Acquire) {
-            u64::MAX => None,
-            ns => Some(self.made + Duration::from_nanos(ns)),
-        }
     }
 
     /// The trivial handler.
@@ -134,8 +123,7 @@ impl Sink {
         self.sum.fetch_add(s, Ordering::Relaxed);
         let handled = self.handled.fetch_add(1, Ordering::AcqRel);
         if handled == 0 {
-            let ns = u64::try_from(self.made.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
-            self.first_ns.store(ns, Ordering::Release);
+            let _ = self.first.set(Instant::now());
         }
         if handled + 1 == self.n {
             self.done.notify_one();
@@ -690,7 +678,7 @@ async fn run_one(
     done.await;
     let end = Instant::now();
     let elapsed = end - t0;
-    let first = sink.first().unwrap_or(t0).max(t0);
+    let first = sink.first.get().copied().unwrap_or(t0).max(t0);
     let cpu = Cpu::now().since(cpu0);
     let b1 = broker_cpu();
     task.await.expect("consumer task");
