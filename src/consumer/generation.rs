@@ -240,8 +240,10 @@ where
         let outcome = Settlement::of(&decision);
         if let (Some(key), Settlement::Ack | Settlement::Reject) = (key, outcome) {
             // Settled: a message struck before starts afresh if it is ever
-            // published again.
-            self.stats.strikes.forget(key);
+            // published again. (Nothing struck: the body is not digested.)
+            if !self.stats.strikes.is_empty() {
+                self.stats.strikes.forget(key.value());
+            }
         }
         self.ledger.record(tag, outcome, &mut self.ops);
     }
@@ -305,7 +307,8 @@ where
         self.ready = false;
         let tag = raw.delivery_tag;
         let handler = start_handler(&mut self.service, self.queue, &self.lifeline, raw);
-        self.started.insert(tag, received, self.service.last_key());
+        let key = self.service.take_last_key();
+        self.started.insert(tag, received, key);
         Poll::Ready(Some(handler))
     }
 

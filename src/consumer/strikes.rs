@@ -30,13 +30,14 @@
 
 use crate::sync::Locked;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use acemq_layers::headers::DELIVERY_COUNT_HEADER;
 use acemq_layers::{Delivery, Value};
+use bytes::Bytes;
 
 /// Deliveries received within this of the earliest unsettled one are
 /// struck with it.
@@ -80,31 +81,83 @@ fn is_ack_timeout(text: &str) -> bool {
     text.contains("delivery acknowledgement") && text.contains("timed out")
 }
 
+/// The hasher of strike keys: rapidhash, several times faster than the
+/// standard library's SipHash over a large body (the keys live in this
+/// process only, so a fixed seed is fine).
+type KeyHasher = rapidhash::quality::RapidHasher<'static>;
+
 /// The key a message is remembered by: its `message_id`, else a digest of
-/// its body and headers.
-pub(crate) fn key_of(delivery: &Delivery) -> u64 {
-    let mut h = DefaultHasher::new();
-    match delivery.properties().message_id.as_deref() {
-        Some(id) if !id.is_empty() => {
-            0u8.hash(&mut h);
-            id.hash(&mut h);
-        }
-        _ => {
-            1u8.hash(&mut h);
-            delivery.body().hash(&mut h);
-            for (name, value) in delivery.headers().iter() {
-                if name == DELIVERY_COUNT_HEADER || name == ACQUIRED_COUNT_HEADER {
-                    continue;
+/// its body and headers. The body's digest is deferred: it is taken only
+/// when the key is looked up ([`Key::value`]), which happens when the
+/// queue's memory holds a struck message or an acknowledgement has timed
+/// out, never on the way of an ordinary delivery.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Key {
+    /// The digest of the id, or of the headers.
+    partial: u64,
+    /// The body still to digest (no copy: a reference count).
+    body: Option<Bytes>,
+}
+
+impl Key {
+    pub(crate) fn of(delivery: &Delivery) -> Key {
+        let mut h = KeyHasher::default();
+        match delivery.properties().message_id.as_deref() {
+            Some(id) if !id.is_empty() => {
+                0u8.hash(&mut h);
+                id.hash(&mut h);
+                Key {
+                    partial: h.finish(),
+                    body: None,
                 }
-                name.hash(&mut h);
-                hash_value(value, &mut h);
+            }
+            _ => {
+                1u8.hash(&mut h);
+                for (name, value) in delivery.headers().iter() {
+                    if name == DELIVERY_COUNT_HEADER || name == ACQUIRED_COUNT_HEADER {
+                        continue;
+                    }
+                    name.hash(&mut h);
+                    hash_value(value, &mut h);
+                }
+                Key {
+                    partial: h.finish(),
+                    body: Some(delivery.body().clone()),
+                }
             }
         }
     }
-    h.finish()
+
+    /// The key's value (digests the body, if any).
+    pub(crate) fn value(&self) -> u64 {
+        match &self.body {
+            None => self.partial,
+            Some(body) => {
+                let mut h = KeyHasher::new(self.partial);
+                body.hash(&mut h);
+                h.finish()
+            }
+        }
+    }
 }
 
-fn hash_value(value: &Value, h: &mut DefaultHasher) {
+#[cfg(test)]
+impl From<u64> for Key {
+    fn from(partial: u64) -> Key {
+        Key {
+            partial,
+            body: None,
+        }
+    }
+}
+
+/// The value of a delivery's key.
+#[cfg(test)]
+pub(crate) fn key_of(delivery: &Delivery) -> u64 {
+    Key::of(delivery).value()
+}
+
+fn hash_value(value: &Value, h: &mut KeyHasher) {
     value.type_name().hash(h);
     match value {
         Value::Bool(v) => v.hash(h),
@@ -222,17 +275,17 @@ impl Strikes {
 /// key). Tags count up on a channel, so this is in order of receipt.
 #[derive(Debug, Default)]
 pub(crate) struct Started {
-    by_tag: BTreeMap<u64, (Instant, u64)>,
+    by_tag: BTreeMap<u64, (Instant, Key)>,
 }
 
 impl Started {
     /// A handler started for `tag`, received at `received`.
-    pub(crate) fn insert(&mut self, tag: u64, received: Instant, key: u64) {
+    pub(crate) fn insert(&mut self, tag: u64, received: Instant, key: Key) {
         self.by_tag.insert(tag, (received, key));
     }
 
     /// `tag`'s handler finished; its key.
-    pub(crate) fn remove(&mut self, tag: u64) -> Option<u64> {
+    pub(crate) fn remove(&mut self, tag: u64) -> Option<Key> {
         self.by_tag.remove(&tag).map(|(_, key)| key)
     }
 
@@ -255,7 +308,7 @@ impl Started {
         self.by_tag
             .iter()
             .filter(|(_, (at, _))| at.saturating_duration_since(first) <= MARGIN)
-            .map(|(tag, (_, key))| (*tag, *key))
+            .map(|(tag, (_, key))| (*tag, key.value()))
             .collect()
     }
 
@@ -327,6 +380,11 @@ mod tests {
             key_of(&delivery("x", Some(""), &[])),
             key_of(&delivery("x", None, &[]))
         );
+        // The body is kept for a digest taken only when asked, and not
+        // kept at all when the message has an id.
+        let deferred = Key::of(&plain);
+        assert_eq!(deferred.body.as_deref(), Some(&b"x"[..]));
+        assert!(Key::of(&a).body.is_none());
     }
 
     #[test]
@@ -350,13 +408,13 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Started::default();
         assert!(s.suspects().is_empty());
-        s.insert(1, t0, 11);
-        s.insert(2, t0 + Duration::from_millis(200), 12);
-        s.insert(3, t0 + MARGIN + Duration::from_millis(500), 13);
+        s.insert(1, t0, 11.into());
+        s.insert(2, t0 + Duration::from_millis(200), 12.into());
+        s.insert(3, t0 + MARGIN + Duration::from_millis(500), 13.into());
         assert_eq!(s.suspects(), [(1, 11), (2, 12)]);
         // Settled: no longer a suspect; the earliest unsettled one is.
-        assert_eq!(s.remove(1), Some(11));
-        assert_eq!(s.remove(2), Some(12));
+        assert_eq!(s.remove(1).map(|k| k.value()), Some(11));
+        assert_eq!(s.remove(2).map(|k| k.value()), Some(12));
         assert_eq!(s.suspects(), [(3, 13)]);
     }
 
@@ -364,8 +422,8 @@ mod tests {
     fn a_consumer_cancelled_by_the_broker_strikes_the_same_suspects_as_a_timed_out_close() {
         let t0 = Instant::now();
         let mut s = Started::default();
-        s.insert(7, t0, 70);
-        s.insert(8, t0 + MARGIN * 2, 80); // innocent: received later
+        s.insert(7, t0, 70.into());
+        s.insert(8, t0 + MARGIN * 2, 80.into()); // innocent: received later
         let memory = Strikes::default();
         // A synthetic server basic.cancel (RabbitMQ 4.3's consumer timeout).
         assert_eq!(s.strike(&memory, Timeout::ConsumerCancelled), [(7, 1)]);

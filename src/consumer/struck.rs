@@ -11,7 +11,7 @@ use tower::Service;
 use tracing::warn;
 
 use super::stats::QueueStats;
-use super::strikes::key_of;
+use super::strikes::Key;
 
 /// Computes each delivery's strike key (kept for the loop, which records
 /// it with the started delivery) and, for a message struck before, puts
@@ -22,8 +22,8 @@ pub(super) struct Struck<S> {
     stats: Arc<QueueStats>,
     /// The queue's `consumer_timeout_strikes`.
     limit: u32,
-    /// The key of the delivery last called.
-    last: u64,
+    /// The key of the delivery last called, until the loop takes it.
+    last: Key,
 }
 
 impl<S> Struck<S> {
@@ -32,13 +32,13 @@ impl<S> Struck<S> {
             inner,
             stats,
             limit,
-            last: 0,
+            last: Key::default(),
         }
     }
 
-    /// The strike key of the delivery last called.
-    pub(super) fn last_key(&self) -> u64 {
-        self.last
+    /// The strike key of the delivery last called (taken: asked once).
+    pub(super) fn take_last_key(&mut self) -> Key {
+        std::mem::take(&mut self.last)
     }
 
     /// The queue's `consumer_timeout_strikes`.
@@ -60,9 +60,14 @@ where
     }
 
     fn call(&mut self, mut delivery: Delivery) -> Self::Future {
-        let key = key_of(&delivery);
+        let key = Key::of(&delivery);
+        // Nothing struck: no lookup, and the body is not digested.
+        let strikes = if self.stats.strikes.is_empty() {
+            0
+        } else {
+            self.stats.strikes.get(key.value())
+        };
         self.last = key;
-        let strikes = self.stats.strikes.get(key);
         if strikes > 0 {
             let s = ConsumerTimeoutStrikes::new(strikes, self.limit);
             if s.struck_out() {
