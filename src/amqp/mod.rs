@@ -1,6 +1,6 @@
 //! Everything that speaks AMQP to the broker: connecting ([`connection`]),
 //! the live connection of each role (`live`),
-//! declaring ([`topology`]), publishing with confirms ([`publisher`]),
+//! declaring ([`topology`], many calls at once through `fan_out`), publishing with confirms ([`publisher`]),
 //! turning lapin's types into acemq's ([`convert`]), and the delivery's
 //! `process` span with its trace context (`span`, `otel`).
 //!
@@ -22,6 +22,7 @@ pub mod connection;
 pub mod convert;
 pub mod delay;
 pub(crate) mod delivery_limit;
+pub(crate) mod fan_out;
 pub(crate) mod live;
 pub(crate) mod otel;
 pub mod publisher;

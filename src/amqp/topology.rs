@@ -18,6 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Connection;
 
 use super::delivery_limit::{self, Wanted};
+use super::fan_out;
 use crate::config::{ArgValue, Arguments, Config, ExchangeKind, QueueConfig, QueueType};
 
 /// One queue to declare, with its arguments.
@@ -259,15 +260,12 @@ impl Topology {
     /// Declares every exchange, then every queue, then every binding,
     /// stopping at the first failure.
     pub async fn declare(&self, conn: &Connection) -> Result<(), TopologyError> {
-        for x in &self.exchanges {
-            declare_exchange(conn, x).await?;
-        }
-        for d in &self.decls {
-            declare_one(conn, d).await?;
-        }
-        for b in &self.bindings {
-            bind(conn, b).await?;
-        }
+        // Exchanges, then queues, then bindings; within each, many at
+        // once (each on a channel of its own), the first failure in order
+        // reported.
+        fan_out::in_order(&self.exchanges, |x| declare_exchange(conn, x)).await?;
+        fan_out::in_order(&self.decls, |d| declare_one(conn, d)).await?;
+        fan_out::in_order(&self.bindings, |b| bind(conn, b)).await?;
         Ok(())
     }
 }

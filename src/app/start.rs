@@ -296,17 +296,16 @@ async fn open_first_generations(
     plan: &Plan,
     connection: &lapin::Connection,
 ) -> Result<Vec<Opened>, StartError> {
-    let mut first = Vec::new();
-    for q in &plan.config.queues {
-        let o = supervisor::open(&plan.name, q, connection)
+    // Many at once, each on a channel of its own; in the config's order.
+    crate::amqp::fan_out::in_order(&plan.config.queues, |q| async move {
+        supervisor::open(&plan.name, q, connection)
             .await
             .map_err(|e| StartError::Consume {
                 queue: q.name.clone(),
                 message: e.to_string(),
-            })?;
-        first.push(o);
-    }
-    Ok(first)
+            })
+    })
+    .await
 }
 
 /// Each queue's parts that outlive its generations, with its starter; each
