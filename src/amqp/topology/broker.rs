@@ -1,0 +1,212 @@
+//! The broker calls of declaring: one exchange, queue or binding each on a
+//! channel of its own, the broker's refusals turned into [`TopologyError`]s
+//! by their reply codes.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::Connection;
+
+use super::{BindingDecl, ExchangeDecl, QueueDecl, TopologyError};
+use crate::amqp::delivery_limit;
+use crate::config::ExchangeKind;
+
+/// The broker's reply code and text, when `e` is an AMQP error.
+fn reply(e: &lapin::Error) -> Option<(u16, String)> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            Some((amqp.get_id(), amqp.get_message().to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// 404 NOT_FOUND.
+const NOT_FOUND: u16 = 404;
+/// 406 PRECONDITION_FAILED.
+const PRECONDITION_FAILED: u16 = 406;
+
+async fn open_channel(conn: &Connection, what: &str) -> Result<lapin::Channel, TopologyError> {
+    conn.create_channel()
+        .await
+        .map_err(|e| TopologyError::Broker {
+            queue: what.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// Declares one exchange on a channel of its own.
+pub(crate) async fn declare_exchange(
+    conn: &Connection,
+    x: &ExchangeDecl,
+) -> Result<(), TopologyError> {
+    let channel = open_channel(conn, &x.name).await?;
+    let kind = match x.kind {
+        ExchangeKind::Direct => lapin::ExchangeKind::Direct,
+        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+        ExchangeKind::Headers => lapin::ExchangeKind::Headers,
+    };
+    let res = channel
+        .exchange_declare(
+            x.name.as_str().into(),
+            kind,
+            ExchangeDeclareOptions {
+                durable: x.durable,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match res {
+        Ok(()) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match reply(&e) {
+            Some((PRECONDITION_FAILED, message)) => Err(TopologyError::ExchangeConflict {
+                exchange: x.name.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: x.name.clone(),
+                message: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// Binds a queue to an exchange on a channel of its own.
+pub(crate) async fn bind(conn: &Connection, b: &BindingDecl) -> Result<(), TopologyError> {
+    let channel = open_channel(conn, &b.queue).await?;
+    let res = channel
+        .queue_bind(
+            b.queue.as_str().into(),
+            b.exchange.as_str().into(),
+            b.routing_key.as_str().into(),
+            QueueBindOptions::default(),
+            b.arguments.clone(),
+        )
+        .await;
+    match res {
+        Ok(()) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match reply(&e) {
+            Some((NOT_FOUND, message)) => Err(TopologyError::NoExchange {
+                queue: b.queue.clone(),
+                exchange: b.exchange.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: b.queue.clone(),
+                message: e.to_string(),
+            }),
+        },
+    }
+}
+
+/// Declares one queue on a channel of its own (a refused declare closes the
+/// channel it was made on). A quorum queue that exists without the
+/// `x-delivery-limit` acemq gives it (or with one at or below
+/// `max_redeliveries`) is declared as it is, every other argument still
+/// checked, with a warning once per queue that gives the `rabbitmqctl
+/// set_policy` command for the limit; never an error (RabbitMQ checks
+/// `x-delivery-limit` for equivalence, 3.10 too).
+pub(crate) async fn declare_one(conn: &Connection, d: &QueueDecl) -> Result<(), TopologyError> {
+    let arguments = if d.passive {
+        FieldTable::default()
+    } else {
+        d.arguments.clone()
+    };
+    let first = declare_with(conn, d, arguments, d.passive).await;
+    let (wanted, message) = match (&first, d.delivery_limit) {
+        (
+            Err(TopologyError::Conflict {
+                argument, message, ..
+            }),
+            Some(wanted),
+        ) if argument == delivery_limit::ARGUMENT && !d.passive => (wanted, message.clone()),
+        _ => return first,
+    };
+    // The queue exists with another limit, or none: declare it as it is,
+    // every other argument still checked.
+    let Some(current) = delivery_limit::current_limit(&message) else {
+        declare_with(conn, d, FieldTable::default(), true).await?;
+        delivery_limit::warn_once(&d.name, None, wanted);
+        return Ok(());
+    };
+    let mut arguments = d.arguments.clone();
+    let (key, _) = wanted.argument();
+    let mut map = arguments.inner().clone();
+    map.remove(&key);
+    if let Some(n) = current {
+        map.insert(key, AMQPValue::LongLongInt(n));
+    }
+    arguments = FieldTable::from(map);
+    match declare_with(conn, d, arguments, false).await {
+        Err(TopologyError::Conflict { argument, .. }) if argument == delivery_limit::ARGUMENT => {
+            // Its limit has another integer type: only check it exists.
+            declare_with(conn, d, FieldTable::default(), true).await?;
+        }
+        other => other?,
+    }
+    if !delivery_limit::enough(current, wanted) {
+        delivery_limit::warn_once(&d.name, current, wanted);
+    } else {
+        tracing::debug!(queue = %d.name, delivery_limit = ?current, "the queue keeps the delivery limit it was created with");
+    }
+    Ok(())
+}
+
+/// One `queue.declare` of `d` with `arguments` on a channel of its own.
+async fn declare_with(
+    conn: &Connection,
+    d: &QueueDecl,
+    arguments: FieldTable,
+    passive: bool,
+) -> Result<(), TopologyError> {
+    let channel = open_channel(conn, &d.name).await?;
+    let res = channel
+        .queue_declare(
+            d.name.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                passive,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await;
+    match res {
+        Ok(_) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => match reply(&e) {
+            Some((PRECONDITION_FAILED, message)) => {
+                // The broker names the argument in its text; the code is
+                // what says it is a conflict.
+                let argument = message
+                    .split("inequivalent arg '")
+                    .nth(1)
+                    .and_then(|rest| rest.split('\'').next())
+                    .unwrap_or("its arguments or durability")
+                    .to_owned();
+                Err(TopologyError::Conflict {
+                    queue: d.name.clone(),
+                    argument,
+                    message,
+                })
+            }
+            Some((NOT_FOUND, message)) if passive => Err(TopologyError::Missing {
+                queue: d.name.clone(),
+                message,
+            }),
+            _ => Err(TopologyError::Broker {
+                queue: d.name.clone(),
+                message: e.to_string(),
+            }),
+        },
+    }
+}
