@@ -86,9 +86,13 @@ fn is_ack_timeout(text: &str) -> bool {
 /// process only, so a fixed seed is fine).
 type KeyHasher = rapidhash::quality::RapidHasher<'static>;
 
+/// Bodies up to this size are digested at once (well under a microsecond);
+/// larger ones are kept and digested only when asked.
+const DIGEST_AT_ONCE: usize = 4096;
+
 /// The key a message is remembered by: its `message_id`, else a digest of
-/// its body and headers. The body's digest is deferred: it is taken only
-/// when the key is looked up ([`Key::value`]), which happens when the
+/// its body and headers. A large body's digest is deferred: it is taken
+/// only when the key is looked up ([`Key::value`]), which happens when the
 /// queue's memory holds a struck message or an acknowledgement has timed
 /// out, never on the way of an ordinary delivery.
 #[derive(Debug, Clone, Default)]
@@ -120,11 +124,24 @@ impl Key {
                     name.hash(&mut h);
                     hash_value(value, &mut h);
                 }
-                Key {
+                let key = Key {
                     partial: h.finish(),
                     body: Some(delivery.body().clone()),
+                };
+                if delivery.body().len() <= DIGEST_AT_ONCE {
+                    // Cheaper digested now than kept: keeping a body
+                    // allocates its shared reference count the first time.
+                    return Key::from_value(key.value());
                 }
+                key
             }
+        }
+    }
+
+    fn from_value(value: u64) -> Key {
+        Key {
+            partial: value,
+            body: None,
         }
     }
 
@@ -143,11 +160,8 @@ impl Key {
 
 #[cfg(test)]
 impl From<u64> for Key {
-    fn from(partial: u64) -> Key {
-        Key {
-            partial,
-            body: None,
-        }
+    fn from(value: u64) -> Key {
+        Key::from_value(value)
     }
 }
 
@@ -380,10 +394,14 @@ mod tests {
             key_of(&delivery("x", Some(""), &[])),
             key_of(&delivery("x", None, &[]))
         );
-        // The body is kept for a digest taken only when asked, and not
-        // kept at all when the message has an id.
-        let deferred = Key::of(&plain);
-        assert_eq!(deferred.body.as_deref(), Some(&b"x"[..]));
+        // A large body is kept for a digest taken only when asked; a small
+        // one is digested at once, and none when the message has an id.
+        let big = "b".repeat(DIGEST_AT_ONCE + 1);
+        let deferred = Key::of(&delivery(&big, None, &[]));
+        assert_eq!(deferred.body.as_deref(), Some(big.as_bytes()));
+        assert_eq!(deferred.value(), key_of(&delivery(&big, None, &[])));
+        assert_ne!(deferred.value(), key_of(&delivery(&big[1..], None, &[])));
+        assert!(Key::of(&plain).body.is_none());
         assert!(Key::of(&a).body.is_none());
     }
 
