@@ -32,7 +32,9 @@
 //! Per consumer: msgs/s, client CPU per message (this process's
 //! `CLOCK_PROCESS_CPUTIME_ID`; the user/sys split from `/proc/self/stat`),
 //! broker CPU per message (utime + stime of the node's `beam.smp` from
-//! `/proc/PID/stat`, over the same window). On a shared broker the broker's
+//! `/proc/PID/stat`, over the same window), and the client's CPU split by
+//! thread: lapin's I/O threads, tokio's workers, and how often a worker
+//! parked per message. On a shared broker the broker's
 //! figure includes everyone else's traffic: measure it on a node of the
 //! bench's own (`ACEMQ_BENCH_ADDR` + `ACEMQ_BENCH_NODE`, see BENCHMARKS.md).
 //!
@@ -427,6 +429,11 @@ struct Sample {
     first_ms: f64,
     /// From the first handling to the last: the rate once started.
     steady_msgs_per_s: f64,
+    /// Client CPU in lapin's I/O threads and in tokio's workers.
+    io_us_per_msg: f64,
+    workers_us_per_msg: f64,
+    /// How often a tokio worker parked (went to sleep) per delivery.
+    parks_per_msg: f64,
 }
 
 /// Opens the plain consumer's connection and channel.
@@ -661,6 +668,7 @@ async fn run_one(
     done.as_mut().enable();
 
     let broker_cpu = || st.broker_process.as_ref().and_then(BrokerProcess::cpu);
+    let threads0 = support::Threads::now();
     let cpu0 = Cpu::now();
     let b0 = broker_cpu();
     let t0 = Instant::now();
@@ -680,6 +688,7 @@ async fn run_one(
     let elapsed = end - t0;
     let first = sink.first.get().copied().unwrap_or(t0).max(t0);
     let cpu = Cpu::now().since(cpu0);
+    let threads = support::Threads::now().since(threads0);
     let b1 = broker_cpu();
     task.await.expect("consumer task");
     if shared.is_none() {
@@ -699,6 +708,9 @@ async fn run_one(
         load,
         first_ms: (first - t0).as_secs_f64() * 1e3,
         steady_msgs_per_s: (n.saturating_sub(1)) as f64 / (end - first).as_secs_f64().max(1e-9),
+        io_us_per_msg: per_msg(threads.io),
+        workers_us_per_msg: per_msg(threads.workers),
+        parks_per_msg: threads.worker_parks as f64 / n as f64,
     }
 }
 
@@ -815,6 +827,18 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
             fmt(med(v, |s| s.broker_us_per_msg), 2),
             med(v, |s| s.first_ms),
             med(v, |s| s.steady_msgs_per_s),
+        );
+    }
+    println!("\nclient CPU by thread, medians (lapin's I/O threads: sockets and frames; tokio's workers: the consumer's own code; a park is a worker going to sleep):\n");
+    println!("| consumer | lapin I/O µs/msg | tokio workers µs/msg | worker parks per msg |");
+    println!("|---|---:|---:|---:|");
+    for (kind, v) in &samples {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.3} |",
+            kind.name(),
+            med(v, |s| s.io_us_per_msg),
+            med(v, |s| s.workers_us_per_msg),
+            med(v, |s| s.parks_per_msg),
         );
     }
     let loads: Vec<f64> = samples

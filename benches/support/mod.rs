@@ -211,6 +211,63 @@ impl Cpu {
     }
 }
 
+/// This process's CPU time by kind of thread, from each thread's
+/// `/proc/self/task/TID/schedstat` (nanoseconds on the CPU) and `status`
+/// (voluntary context switches: how often it parked). A thread that exits
+/// between two readings drops out of the later one; the benches read both
+/// while their connections are open.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Threads {
+    /// lapin's I/O threads (`lapin-io-loop`: the sockets, frame parsing,
+    /// waking the tasks that wait on a delivery or a settle).
+    pub io: Duration,
+    /// tokio's workers (`tokio-rt-worker`: the consumers' own code).
+    pub workers: Duration,
+    /// The workers' voluntary context switches (each one a park).
+    pub worker_parks: u64,
+}
+
+impl Threads {
+    pub fn now() -> Threads {
+        let mut t = Threads::default();
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return t;
+        };
+        for task in dir.flatten() {
+            let path = task.path();
+            let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let on_cpu = std::fs::read_to_string(path.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .map_or(Duration::ZERO, Duration::from_nanos);
+            if name.starts_with("lapin-io") {
+                t.io += on_cpu;
+            } else if name.starts_with("tokio-rt-worker") {
+                t.workers += on_cpu;
+                t.worker_parks += std::fs::read_to_string(path.join("status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .unwrap_or(0);
+            }
+        }
+        t
+    }
+
+    pub fn since(self, earlier: Threads) -> Threads {
+        Threads {
+            io: self.io.saturating_sub(earlier.io),
+            workers: self.workers.saturating_sub(earlier.workers),
+            worker_parks: self.worker_parks.saturating_sub(earlier.worker_parks),
+        }
+    }
+}
+
 /// utime and stime of this process from `/proc/self/stat` (100 ticks/s).
 fn proc_stat_times() -> Option<(Duration, Duration)> {
     pid_stat_times("self")
