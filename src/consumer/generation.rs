@@ -73,6 +73,10 @@ pub(super) struct Generation<'a, S> {
     pub(super) reading: bool,
     /// A flush of everything held is due.
     pub(super) force_flush: bool,
+    /// Whether the channel was connected when this poll of the loop first
+    /// asked (`None`: not asked yet; cleared at each poll). See
+    /// [`channel_gone`](Self::channel_gone).
+    pub(super) connected: Option<bool>,
     pub(super) ended: Option<oneshot::Sender<End>>,
 }
 
@@ -225,7 +229,7 @@ where
             self.held_handed_back(tag);
             return;
         }
-        if self.phase.is_lost() || !self.channel.status().connected() {
+        if self.channel_gone() {
             self.stats.orphaned.fetch_add(1, Ordering::Relaxed);
             self.outcomes.orphaned.increment(1);
             debug!(queue = %self.queue, delivery_tag = tag, outcome = decision.outcome(), "dropping the outcome of an orphaned delivery (its channel is gone; the broker redelivers it)");
@@ -248,11 +252,35 @@ where
         self.ledger.record(tag, outcome, &mut self.ops);
     }
 
+    /// The generation is lost, or its channel is no longer connected: an
+    /// outcome now is an orphan's (the broker has the delivery back).
+    ///
+    /// While the stream is read, the channel's status is looked at once per
+    /// poll of the loop: it sits behind a lock lapin's I/O thread takes for
+    /// every frame, and a closed channel also ends the stream, which the
+    /// loop reads in every round. An outcome that meets a channel closed
+    /// since that look goes to the wire and fails there, harmlessly (the
+    /// broker requeued the delivery). Once the stream has ended nothing
+    /// else reports the close, so the status is looked at every time.
+    pub(super) fn channel_gone(&mut self) -> bool {
+        if self.phase.is_lost() {
+            return true;
+        }
+        let connected = if self.reading {
+            *self
+                .connected
+                .get_or_insert_with(|| self.channel.status().connected())
+        } else {
+            self.channel.status().connected()
+        };
+        !connected
+    }
+
     /// A delivery handed back while it was held in the stack (before the
     /// claim): it goes back like a buffered one; on a lost channel the
     /// broker has it already.
     fn held_handed_back(&mut self, tag: u64) {
-        if self.phase.is_lost() || !self.channel.status().connected() {
+        if self.channel_gone() {
             debug!(queue = %self.queue, delivery_tag = tag, "a delivery held before its handler went back with the channel");
             return;
         }

@@ -62,6 +62,7 @@
 mod generation;
 mod handler;
 mod phase;
+mod reader;
 mod rounds;
 mod run;
 mod stats;

@@ -20,6 +20,7 @@ use tracing::debug;
 use super::generation::Generation;
 use super::handler::{Finished, Released};
 use super::phase::Phase;
+use super::reader::Reader;
 use crate::settle::wire::Writer;
 
 /// How many rounds one poll of the loop may make before it yields to the
@@ -46,6 +47,8 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     pub(super) handlers: Slots<H>,
     pub(super) st: Generation<'a, S>,
     pub(super) consumer: &'p mut Consumer,
+    /// Polls the consumer only when it may have something.
+    pub(super) reader: Reader,
     pub(super) intake: &'w CancellationToken,
     /// The drain stopped intake (watched while consuming).
     pub(super) stop: Pin<&'p mut WaitForCancellationFuture<'w>>,
@@ -116,6 +119,7 @@ where
         mut start: impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
     ) -> Poll<()> {
         let mut budget = POLL_BUDGET;
+        self.st.connected = None;
         loop {
             let progressed = self.round(cx, &mut start);
             if self.finished() {
@@ -145,7 +149,14 @@ where
         progressed |= self.watch_channel(cx);
         progressed |= self.collect_finished(cx);
         progressed |= self.hand_back();
-        progressed |= self.start_handlers(cx, start);
+        if self.start_handlers(cx, start) {
+            // A handler that finishes in its first poll (no await, or
+            // nothing to wait for) is collected in the round that started
+            // it: its outcome reaches this round's flush, and no extra
+            // round runs only to collect it.
+            self.collect_finished(cx);
+            progressed = true;
+        }
         self.flush_ledger(cx);
         progressed |= self.send_settles(cx);
         progressed |= self.poll_settles(cx);
@@ -189,11 +200,13 @@ where
         true
     }
 
-    /// Intake: read eagerly, so a lost channel is seen at once.
+    /// Intake: read everything lapin has, so a lost channel is seen at
+    /// once (the consumer is polled again only once lapin woke the loop for
+    /// it: see [`Reader`]).
     fn read_stream(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
         while self.st.reading {
-            match self.consumer.poll_next_unpin(cx) {
+            match self.reader.poll_next(self.consumer, cx) {
                 Poll::Ready(Some(Ok(raw))) => self.st.receive(raw),
                 Poll::Ready(Some(Err(e))) => self.st.lose(e),
                 Poll::Ready(None) => self.st.stream_ended(),

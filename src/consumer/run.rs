@@ -18,6 +18,7 @@ use tracing::debug;
 use super::generation::{End, Generation};
 use super::handler::Released;
 use super::phase::Phase;
+use super::reader::Reader;
 use super::rounds::{Rounds, Timer};
 use super::stats::{LoopGauge, OutcomeCounters, QueueStats};
 use super::strikes::Started;
@@ -97,6 +98,7 @@ where
             phase: Phase::Consuming,
             reading: true,
             force_flush: false,
+            connected: None,
             ended: Some(ended),
         };
         // Each handler runs in a slot whose waker was made with the slot:
@@ -124,6 +126,7 @@ where
             handlers,
             st,
             consumer: &mut consumer,
+            reader: Reader::new(),
             intake: &intake,
             stop,
             cancel_answered,
