@@ -34,6 +34,30 @@ async fn open_channel(conn: &Connection, what: &str) -> Result<lapin::Channel, T
         })
 }
 
+/// The end of one call on a channel of its own: on success the channel is
+/// closed; a refusal is what `refused` makes of the broker's reply code and
+/// text, else (or for an error that is not a reply) a `Broker` error about
+/// `what`.
+async fn finish<T>(
+    channel: lapin::Channel,
+    res: lapin::Result<T>,
+    what: &str,
+    refused: impl FnOnce(u16, String) -> Option<TopologyError>,
+) -> Result<(), TopologyError> {
+    match res {
+        Ok(_) => {
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(())
+        }
+        Err(e) => Err(reply(&e)
+            .and_then(|(code, message)| refused(code, message))
+            .unwrap_or_else(|| TopologyError::Broker {
+                queue: what.to_owned(),
+                message: e.to_string(),
+            })),
+    }
+}
+
 /// Declares one exchange on a channel of its own.
 pub(crate) async fn declare_exchange(
     conn: &Connection,
@@ -57,22 +81,13 @@ pub(crate) async fn declare_exchange(
             FieldTable::default(),
         )
         .await;
-    match res {
-        Ok(()) => {
-            let _ = channel.close(200, "OK".into()).await;
-            Ok(())
-        }
-        Err(e) => match reply(&e) {
-            Some((PRECONDITION_FAILED, message)) => Err(TopologyError::ExchangeConflict {
-                exchange: x.name.clone(),
-                message,
-            }),
-            _ => Err(TopologyError::Broker {
-                queue: x.name.clone(),
-                message: e.to_string(),
-            }),
-        },
-    }
+    finish(channel, res, &x.name, |code, message| {
+        (code == PRECONDITION_FAILED).then(|| TopologyError::ExchangeConflict {
+            exchange: x.name.clone(),
+            message,
+        })
+    })
+    .await
 }
 
 /// Binds a queue to an exchange on a channel of its own.
@@ -87,23 +102,14 @@ pub(crate) async fn bind(conn: &Connection, b: &BindingDecl) -> Result<(), Topol
             b.arguments.clone(),
         )
         .await;
-    match res {
-        Ok(()) => {
-            let _ = channel.close(200, "OK".into()).await;
-            Ok(())
-        }
-        Err(e) => match reply(&e) {
-            Some((NOT_FOUND, message)) => Err(TopologyError::NoExchange {
-                queue: b.queue.clone(),
-                exchange: b.exchange.clone(),
-                message,
-            }),
-            _ => Err(TopologyError::Broker {
-                queue: b.queue.clone(),
-                message: e.to_string(),
-            }),
-        },
-    }
+    finish(channel, res, &b.queue, |code, message| {
+        (code == NOT_FOUND).then(|| TopologyError::NoExchange {
+            queue: b.queue.clone(),
+            exchange: b.exchange.clone(),
+            message,
+        })
+    })
+    .await
 }
 
 /// Declares one queue on a channel of its own (a refused declare closes the
@@ -178,35 +184,27 @@ async fn declare_with(
             arguments,
         )
         .await;
-    match res {
-        Ok(_) => {
-            let _ = channel.close(200, "OK".into()).await;
-            Ok(())
-        }
-        Err(e) => match reply(&e) {
-            Some((PRECONDITION_FAILED, message)) => {
-                // The broker names the argument in its text; the code is
-                // what says it is a conflict.
-                let argument = message
-                    .split("inequivalent arg '")
-                    .nth(1)
-                    .and_then(|rest| rest.split('\'').next())
-                    .unwrap_or("its arguments or durability")
-                    .to_owned();
-                Err(TopologyError::Conflict {
-                    queue: d.name.clone(),
-                    argument,
-                    message,
-                })
-            }
-            Some((NOT_FOUND, message)) if passive => Err(TopologyError::Missing {
+    finish(channel, res, &d.name, |code, message| match code {
+        PRECONDITION_FAILED => {
+            // The broker names the argument in its text; the code is what
+            // says it is a conflict.
+            let argument = message
+                .split("inequivalent arg '")
+                .nth(1)
+                .and_then(|rest| rest.split('\'').next())
+                .unwrap_or("its arguments or durability")
+                .to_owned();
+            Some(TopologyError::Conflict {
                 queue: d.name.clone(),
+                argument,
                 message,
-            }),
-            _ => Err(TopologyError::Broker {
-                queue: d.name.clone(),
-                message: e.to_string(),
-            }),
-        },
-    }
+            })
+        }
+        NOT_FOUND if passive => Some(TopologyError::Missing {
+            queue: d.name.clone(),
+            message,
+        }),
+        _ => None,
+    })
+    .await
 }
