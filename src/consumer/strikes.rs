@@ -124,24 +124,21 @@ impl Key {
                     name.hash(&mut h);
                     hash_value(value, &mut h);
                 }
-                let key = Key {
-                    partial: h.finish(),
-                    body: Some(delivery.body().clone()),
-                };
-                if delivery.body().len() <= DIGEST_AT_ONCE {
+                let partial = h.finish();
+                let body = delivery.body();
+                if body.len() <= DIGEST_AT_ONCE {
                     // Cheaper digested now than kept: keeping a body
                     // allocates its shared reference count the first time.
-                    return Key::from_value(key.value());
+                    return Key {
+                        partial: digest(partial, body),
+                        body: None,
+                    };
                 }
-                key
+                Key {
+                    partial,
+                    body: Some(body.clone()),
+                }
             }
-        }
-    }
-
-    fn from_value(value: u64) -> Key {
-        Key {
-            partial: value,
-            body: None,
         }
     }
 
@@ -149,19 +146,25 @@ impl Key {
     pub(crate) fn value(&self) -> u64 {
         match &self.body {
             None => self.partial,
-            Some(body) => {
-                let mut h = KeyHasher::new(self.partial);
-                body.hash(&mut h);
-                h.finish()
-            }
+            Some(body) => digest(self.partial, body),
         }
     }
+}
+
+/// The digest of the headers' digest `partial` and `body`.
+fn digest(partial: u64, body: &[u8]) -> u64 {
+    let mut h = KeyHasher::new(partial);
+    body.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]
 impl From<u64> for Key {
     fn from(value: u64) -> Key {
-        Key::from_value(value)
+        Key {
+            partial: value,
+            body: None,
+        }
     }
 }
 
@@ -403,6 +406,14 @@ mod tests {
         assert_ne!(deferred.value(), key_of(&delivery(&big[1..], None, &[])));
         assert!(Key::of(&plain).body.is_none());
         assert!(Key::of(&a).body.is_none());
+        // Digested at once or when asked, the same bytes give the same key.
+        let mut h = KeyHasher::default();
+        1u8.hash(&mut h);
+        let kept = Key {
+            partial: h.finish(),
+            body: Some(Bytes::from_static(b"x")),
+        };
+        assert_eq!(kept.value(), key_of(&delivery("x", None, &[])));
     }
 
     #[test]
