@@ -2,12 +2,15 @@
 //! and the future that yields its decision.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
+use pin_project_lite::pin_project;
 use tower::Service;
-use tracing::Instrument;
+use tracing::Span;
 
 use crate::amqp::convert::delivery_from_lapin_on;
 
@@ -43,7 +46,7 @@ pub(super) fn start_handler<S>(
     queue: &Arc<str>,
     lifeline: &Lifeline,
     raw: lapin::message::Delivery,
-) -> impl Future<Output = Finished> + Send + 'static
+) -> Handling<S::Future>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
@@ -55,25 +58,54 @@ where
     let started = Instant::now();
     let held = delivery.clone();
     let fut = span.in_scope(|| service.call(delivery));
-    async move {
-        let mut fut = std::pin::pin!(fut);
-        let output = std::future::poll_fn(|cx| {
-            if held.is_handed_back()
-                || (held.lifeline().hands_back_held() && held.hand_back_if_held())
-            {
-                return std::task::Poll::Ready(None);
-            }
-            fut.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        let Some(output) = output else {
-            return (Decision::HandBack, tag, started, true);
-        };
+    Handling {
+        fut,
+        held,
+        span,
+        tag,
+        started,
+    }
+}
+
+pin_project! {
+    /// One handler's future: the stack's, raced with the hand-back of a
+    /// held delivery, polled inside the delivery's span. Written out
+    /// rather than as an `async` block, which would keep the stack's future
+    /// twice (captured, then pinned) and so be moved at twice the size on
+    /// its way into the loop's slot.
+    pub(super) struct Handling<F> {
+        #[pin]
+        fut: F,
+        held: Delivery,
+        span: Span,
+        tag: u64,
+        started: Instant,
+    }
+}
+
+impl<F> Future for Handling<F>
+where
+    F: Future<Output = Result<Decision, BoxError>> + Released,
+{
+    type Output = Finished;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Finished> {
+        let mut this = self.project();
+        let _entered = this.span.enter();
+        let held = &*this.held;
+        if held.is_handed_back() || (held.lifeline().hands_back_held() && held.hand_back_if_held())
+        {
+            return Poll::Ready((Decision::HandBack, *this.tag, *this.started, true));
+        }
+        let output = ready!(this.fut.as_mut().poll(cx));
         // A delivery the pause gate held is timed from its release: the
         // time held is not handler time.
-        let started = fut
+        let started = this
+            .fut
+            .as_ref()
+            .get_ref()
             .released_at()
-            .map_or(started, tokio::time::Instant::into_std);
+            .map_or(*this.started, tokio::time::Instant::into_std);
         let decision = match output {
             Ok(d) => d,
             Err(e) => {
@@ -86,8 +118,7 @@ where
                 })
             }
         };
-        crate::amqp::span::record_decision(&tracing::Span::current(), &decision);
-        (decision, tag, started, false)
+        crate::amqp::span::record_decision(this.span, &decision);
+        Poll::Ready((decision, *this.tag, started, false))
     }
-    .instrument(span)
 }
