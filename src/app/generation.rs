@@ -81,6 +81,7 @@ impl<'a> StartCtx<'a> {
             consumer: self.consumer,
             service,
             slots: self.slots,
+            concurrency: q.concurrency,
             policy: self.config.prefetch_policy,
             dead_letter: q.dead_letter,
             timeout_strikes: q.consumer_timeout_strikes,

@@ -45,6 +45,9 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     /// Settle frames on the wire, queued in the ledger's order.
     pub(super) settles: Writer<'a, &'a Channel>,
     pub(super) handlers: Slots<H>,
+    /// The queue's concurrency: how many handlers that finish at once one
+    /// round may start (see [`start_handlers`](Self::start_handlers)).
+    pub(super) concurrency: usize,
     pub(super) st: Generation<'a, S>,
     pub(super) consumer: &'p mut Consumer,
     /// Polls the consumer only when it may have something.
@@ -147,16 +150,9 @@ where
         progressed |= self.notice_handlers_cancelled(cx);
         progressed |= self.read_stream(cx);
         progressed |= self.watch_channel(cx);
-        progressed |= self.collect_finished(cx);
+        progressed |= self.collect_finished(cx) > 0;
         progressed |= self.hand_back();
-        if self.start_handlers(cx, start) {
-            // A handler that finishes in its first poll (no await, or
-            // nothing to wait for) is collected in the round that started
-            // it: its outcome reaches this round's flush, and no extra
-            // round runs only to collect it.
-            self.collect_finished(cx);
-            progressed = true;
-        }
+        progressed |= self.start_handlers(cx, start);
         self.flush_ledger(cx);
         progressed |= self.send_settles(cx);
         progressed |= self.poll_settles(cx);
@@ -247,14 +243,15 @@ where
         }
     }
 
-    /// Finished handlers: record, then settle (through the ledger).
-    fn collect_finished(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progressed = false;
+    /// Finished handlers: record, then settle (through the ledger). How
+    /// many.
+    fn collect_finished(&mut self, cx: &mut Context<'_>) -> usize {
+        let mut finished = 0;
         while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
             self.st.finished(done, self.intake);
-            progressed = true;
+            finished += 1;
         }
-        progressed
+        finished
     }
 
     /// Under `hand_back`, once the cancel is answered: what is buffered
@@ -278,15 +275,34 @@ where
         progressed
     }
 
-    /// Start what may start.
+    /// Start what may start, each handler polled as soon as it is started.
+    ///
+    /// A handler that finishes in its first poll (no await, or nothing to
+    /// wait for) is collected before the next one asks for the queue's
+    /// concurrency permit: its own permit is back by then, so the next
+    /// start finds one free instead of queueing at the semaphore (and being
+    /// woken by the release, which would poll this loop once more for
+    /// nothing), and its outcome reaches this round's flush.
+    ///
+    /// Starting stops for this round once `concurrency` handlers have
+    /// finished in it, as if each had held its permit until collected: a
+    /// round then does no more handlers' work than the permits allow, and
+    /// the ledger's time bound is checked between rounds (on a loop kept
+    /// busy by CPU-bound handlers, starting on through the whole buffer
+    /// would hold finished outcomes for a prefetch's worth of work).
     fn start_handlers(
         &mut self,
         cx: &mut Context<'_>,
         start: &mut impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
     ) -> bool {
         let mut progressed = false;
-        while let Poll::Ready(Some(fut)) = start(&mut self.st, cx) {
+        let mut finished = 0;
+        while finished < self.concurrency {
+            let Poll::Ready(Some(fut)) = start(&mut self.st, cx) else {
+                break;
+            };
             self.handlers.push(fut);
+            finished += self.collect_finished(cx);
             progressed = true;
         }
         progressed

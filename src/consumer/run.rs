@@ -36,6 +36,8 @@ pub(crate) struct ConsumerLoop<S> {
     /// The queue's concurrency limit, shared by its generations (taken
     /// at the stack's claim point; here only a size hint).
     pub(crate) slots: Arc<Semaphore>,
+    /// The queue's `concurrency`.
+    pub(crate) concurrency: usize,
     pub(crate) policy: PrefetchPolicy,
     pub(crate) dead_letter: bool,
     /// The queue's `consumer_timeout_strikes`.
@@ -67,6 +69,7 @@ where
             mut consumer,
             service,
             slots,
+            concurrency,
             policy,
             dead_letter,
             timeout_strikes,
@@ -124,6 +127,7 @@ where
         let mut rounds = Rounds {
             settles,
             handlers,
+            concurrency: concurrency.max(1),
             st,
             consumer: &mut consumer,
             reader: Reader::new(),
