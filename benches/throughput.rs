@@ -128,7 +128,8 @@ impl Sink {
             let _ = self.first.set(Instant::now());
         }
         if handled + 1 == self.n {
-            self.done.notify_one();
+            // Every waiter: the timer, and acemq's run (which drains then).
+            self.done.notify_waiters();
         }
     }
 }
@@ -587,6 +588,12 @@ async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
 
 /// B / B0: acemq with the full stack, on `config`.
 async fn acemq(config: Config, queue: String, sink: Arc<Sink>) {
+    // Registered before the first delivery can be handled: the drain waits
+    // for the last one without a timer of its own (a timer pending in the
+    // runtime makes every park of a worker arm one in the kernel).
+    let all_handled = sink.done.notified();
+    tokio::pin!(all_handled);
+    all_handled.as_mut().enable();
     let s = sink.clone();
     let handler = tower::service_fn(move |d: Delivery| {
         let s = s.clone();
@@ -603,9 +610,7 @@ async fn acemq(config: Config, queue: String, sink: Arc<Sink>) {
         .await
         .expect("acemq start");
     // Stop only once every delivery was handled (the timer has stopped).
-    while sink.handled.load(Ordering::Acquire) < sink.n {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    all_handled.await;
     // How well the acknowledgements coalesced (the last settles of the run
     // may still be on their way: read after the drain, which flushes them).
     let health = running.health();
