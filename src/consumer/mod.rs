@@ -62,12 +62,12 @@
 mod generation;
 mod handler;
 mod phase;
-mod reader;
 mod rounds;
 mod run;
 mod stats;
 mod strikes;
 mod struck;
+mod watched;
 
 pub(crate) use generation::End;
 pub(crate) use handler::Released;

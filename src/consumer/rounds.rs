@@ -20,7 +20,7 @@ use tracing::debug;
 use super::generation::Generation;
 use super::handler::{Finished, Released};
 use super::phase::Phase;
-use super::reader::Reader;
+use super::watched::Watched;
 use crate::settle::wire::Writer;
 
 /// How many rounds one poll of the loop may make before it yields to the
@@ -51,10 +51,12 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     pub(super) st: Generation<'a, S>,
     pub(super) consumer: &'p mut Consumer,
     /// Polls the consumer only when it may have something.
-    pub(super) reader: Reader,
+    pub(super) reader: Watched,
     pub(super) intake: &'w CancellationToken,
     /// The drain stopped intake (watched while consuming).
     pub(super) stop: Pin<&'p mut WaitForCancellationFuture<'w>>,
+    /// Polls `stop` only once it has woken the loop.
+    pub(super) stop_watch: Watched,
     /// The broker answered the drain's `basic.cancel` (watched while
     /// stopping).
     pub(super) cancel_answered: Pin<&'p mut WaitForCancellationFuture<'w>>,
@@ -162,8 +164,12 @@ where
 
     /// While consuming: the drain stopped intake.
     fn notice_stop(&mut self, cx: &mut Context<'_>) -> bool {
+        let stop = &mut self.stop;
         self.st.phase == Phase::Consuming
-            && self.stop.as_mut().poll(cx).is_ready()
+            && self
+                .stop_watch
+                .poll(cx, |cx| stop.as_mut().poll(cx))
+                .is_ready()
             && self.st.stop()
     }
 
@@ -198,11 +204,12 @@ where
 
     /// Intake: read everything lapin has, so a lost channel is seen at
     /// once (the consumer is polled again only once lapin woke the loop for
-    /// it: see [`Reader`]).
+    /// it: see [`Watched`]).
     fn read_stream(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
         while self.st.reading {
-            match self.reader.poll_next(self.consumer, cx) {
+            let consumer = &mut *self.consumer;
+            match self.reader.poll(cx, |cx| consumer.poll_next_unpin(cx)) {
                 Poll::Ready(Some(Ok(raw))) => self.st.receive(raw),
                 Poll::Ready(Some(Err(e))) => self.st.lose(e),
                 Poll::Ready(None) => self.st.stream_ended(),

@@ -18,11 +18,11 @@ use tracing::debug;
 use super::generation::{End, Generation};
 use super::handler::Released;
 use super::phase::Phase;
-use super::reader::Reader;
 use super::rounds::{Rounds, Timer};
 use super::stats::{LoopGauge, OutcomeCounters, QueueStats};
 use super::strikes::Started;
 use super::struck::Struck;
+use super::watched::Watched;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Ledger};
 use crate::settle::wire::Writer;
@@ -130,9 +130,10 @@ where
             concurrency: concurrency.max(1),
             st,
             consumer: &mut consumer,
-            reader: Reader::new(),
+            reader: Watched::new(),
             intake: &intake,
             stop,
+            stop_watch: Watched::new(),
             cancel_answered,
             handlers_cancelled: Some(handlers_cancelled),
             timer: Timer::new(timer),
