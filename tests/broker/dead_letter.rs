@@ -263,7 +263,14 @@ async fn a_delivery_that_always_fails_climbs_every_rung_and_is_dead_lettered_aft
         .with_headers(field_table(vec![("tenant", long_str("acme"))]));
     broker.publish_props(&q, b"fail", props).await;
     let msg = dead_lettered(&mut broker, &dlq).await;
-    let snapshot = running.health().snapshot();
+    // The copy is in the dlq once confirmed; the loop records the outcome
+    // when it collects the handler, a moment later.
+    let health = running.health();
+    eventually(MS(5000), || async {
+        health.snapshot().queues[0].dead_lettered == 1
+    })
+    .await;
+    let snapshot = health.snapshot();
     running.drain().await.expect("clean drain");
 
     assert_eq!(calls.load(Ordering::SeqCst), 4, "four attempts");
