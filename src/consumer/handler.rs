@@ -51,7 +51,6 @@ where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
 {
-    let tag = raw.delivery_tag;
     let span = crate::amqp::span::process_span(queue, &raw);
     let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
     crate::amqp::span::record_delivery(&span, &delivery);
@@ -62,7 +61,6 @@ where
         fut,
         held,
         span,
-        tag,
         started,
     }
 }
@@ -78,7 +76,6 @@ pin_project! {
         fut: F,
         held: Delivery,
         span: Span,
-        tag: u64,
         started: Instant,
     }
 }
@@ -93,9 +90,10 @@ where
         let mut this = self.project();
         let _entered = this.span.enter();
         let held = &*this.held;
+        let tag = held.delivery_tag();
         if held.is_handed_back() || (held.lifeline().hands_back_held() && held.hand_back_if_held())
         {
-            return Poll::Ready((Decision::HandBack, *this.tag, *this.started, true));
+            return Poll::Ready((Decision::HandBack, tag, *this.started, true));
         }
         let output = ready!(this.fut.as_mut().poll(cx));
         // A delivery the pause gate held is timed from its release: the
@@ -119,6 +117,6 @@ where
             }
         };
         crate::amqp::span::record_decision(this.span, &decision);
-        Poll::Ready((decision, *this.tag, started, false))
+        Poll::Ready((decision, tag, started, false))
     }
 }

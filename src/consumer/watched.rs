@@ -78,6 +78,9 @@ impl Watched {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+
     use super::*;
 
     /// A waker that counts its wakes.
@@ -102,15 +105,6 @@ mod tests {
         assert!(watched.flag.woken.swap(false, Ordering::AcqRel));
         assert!(!watched.flag.woken.swap(false, Ordering::AcqRel));
     }
-}
-
-#[cfg(test)]
-mod polled {
-    use std::future::Future;
-    use std::pin::pin;
-    use std::task::Waker;
-
-    use super::*;
 
     #[test]
     fn a_source_is_polled_again_only_after_it_woke() {
