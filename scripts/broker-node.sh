@@ -22,8 +22,9 @@
 # the machine has 2 cores.
 #
 # `up` is idempotent (a node already up is left as it is; a node that was
-# killed is started again on its data) and waits until the node accepts AMQP; `down` stops the node (kill -9 after 30 s) and removes its
-# folder; `status` exits 0 when the node is up, 3 when it is not. The default
+# killed is started again on its data) and waits until the node accepts AMQP
+# (at most ACEMQ_NODE_START_SECS, 60 by default, then the log's tail and exit
+# 69); `down` stops the node (kill -9 after 30 s) and removes its folder; `status` exits 0 when the node is up, 3 when it is not. The default
 # broker (rabbit@localhost:5672, /etc/rabbitmq/rabbitmq.conf) is never touched.
 #
 # Ports used by acemq's tests (nothing else may use them): the fault-test node
@@ -63,7 +64,7 @@ ctl() { timeout "${CTL_TIMEOUT:-20}" rabbitmqctl -n "$node" "$@"; }
 beam_pid() {
   local p
   for p in $(pgrep -u rabbitmq -f beam.smp 2>/dev/null || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$node"; then
+    if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "RABBITMQ_NODENAME=$node"; then
       echo "$p"
       return 0
     fi
@@ -140,17 +141,34 @@ EOF
   # would send its output to the default broker's startup_log).
   su rabbitmq -s /bin/sh -c "set -a; . '$dir/env.sh'; set +a; cd /var/lib/rabbitmq; exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached" \
     >"$dir/log/startup_log" 2>"$dir/log/startup_err" || true
-  # await_startup fails while the node has not registered with epmd yet: retry.
-  local i
-  for i in $(seq 1 120); do
-    if CTL_TIMEOUT=15 ctl await_startup -t 10 >/dev/null 2>&1 && amqp_open; then
+  # await_startup fails while the node has not registered with epmd yet:
+  # retry, each wait no longer than what is left of the limit, so the limit
+  # holds in wall-clock time also when a node hangs in its boot (e.g. mnesia
+  # waiting for the tables of cluster peers that are down).
+  local limit=${ACEMQ_NODE_START_SECS:-60} deadline left why
+  deadline=$((SECONDS + limit))
+  why="did not start within $limit s"
+  while left=$((deadline - SECONDS)); [ "$left" -gt 0 ]; do
+    if CTL_TIMEOUT=$((left + 5)) ctl await_startup -t "$left" >/dev/null 2>&1 && amqp_open; then
       echo "broker-node: $node up on 127.0.0.1:$port (dist $dist) in $(secs_since "$t0") s, data in $dir"
       return 0
     fi
+    # A beam that has gone will not come up: say so now, not at the limit.
+    if [ $(($(ms) - t0)) -gt 10000 ] && ! beam_pid >/dev/null; then
+      why="exited while starting"
+      break
+    fi
     sleep 0.5
   done
-  echo "broker-node: $node did not start within 60 s; its log:" >&2
-  tail -n 30 "$dir/log/"*.log "$dir/log/startup_err" >&2 2>/dev/null || true
+  echo "broker-node: $node $why ($(secs_since "$t0") s); its log:" >&2
+  tail -n 30 "$dir/log/"*.log "$dir/log/startup_log" "$dir/log/startup_err" >&2 2>/dev/null || true
+  # A node left half-started would hold its ports and a core: it is killed
+  # (its folder stays for a look; `down` removes it).
+  local pid
+  if pid=$(beam_pid); then
+    kill -9 "$pid" 2>/dev/null || true
+    echo "broker-node: $node's beam ($pid) killed" >&2
+  fi
   exit 69
 }
 

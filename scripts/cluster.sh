@@ -3,6 +3,8 @@
 # Debian's rabbitmq-server only (no containers):
 #
 #   scripts/cluster.sh up       start acemq-1..3@localhost on 5681–5683 and join them
+#                               (unless they already run as one cluster: then nothing;
+#                               whatever an earlier cluster left is removed first)
 #   scripts/cluster.sh down     stop the three nodes and remove everything they wrote
 #   scripts/cluster.sh status   exit 0 when all three run as one cluster, 3 otherwise
 #   scripts/cluster.sh start N  start node N again (e.g. after a kill -9), rejoining on its data
@@ -22,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 NODES=(acemq-1 acemq-2 acemq-3)
+root="${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}"
 PORTS=(5681 5682 5683)
 conf=$(mktemp)
 trap 'rm -f "$conf"' EXIT
@@ -53,6 +56,18 @@ up() {
     echo "cluster: already up (${NODES[*]} on ${PORTS[*]})"
     return 0
   fi
+  # What an earlier cluster left (an interrupted run: nodes still running,
+  # frozen or killed, or folders whose data names the other nodes) is removed
+  # first. A node started on such data waits minutes for its peers' tables
+  # before it gives up; a fresh cluster forms in seconds.
+  local leftover=""
+  for i in 2 1 0; do
+    if [ -e "$root/${NODES[$i]}" ] || ./broker-node.sh pid "${NODES[$i]}" "${PORTS[$i]}" >/dev/null 2>&1; then
+      leftover="$leftover ${NODES[$i]}"
+      ./broker-node.sh down "${NODES[$i]}" "${PORTS[$i]}" >/dev/null
+    fi
+  done
+  [ -z "$leftover" ] || echo "cluster: removed what an earlier cluster left:$leftover"
   # The nodes boot one after the other: on 2 cores, three at once are
   # slower in all.
   for i in 0 1 2; do
