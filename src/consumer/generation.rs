@@ -219,11 +219,7 @@ where
     }
 
     /// A handler finished.
-    pub(super) fn finished(
-        &mut self,
-        (decision, tag, started, held): Finished,
-        intake: &CancellationToken,
-    ) {
+    pub(super) fn finished(&mut self, (decision, tag, started, held): Finished) {
         let key = self.started.remove(tag);
         if held {
             self.held_handed_back(tag);
@@ -235,7 +231,10 @@ where
             debug!(queue = %self.queue, delivery_tag = tag, outcome = decision.outcome(), "dropping the outcome of an orphaned delivery (its channel is gone; the broker redelivers it)");
             return;
         }
-        record(&self.outcomes, self.stats, intake, &decision, started);
+        // Intake stopped (the phase, not the token: its state is behind a
+        // lock). An outcome of a lost generation never gets here.
+        let draining = self.phase.is_stopping();
+        record(&self.outcomes, self.stats, draining, &decision, started);
         if let Decision::DeadLetter(d) = &decision {
             if !d.published && !self.dead_letter {
                 warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");

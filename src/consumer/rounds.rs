@@ -13,7 +13,7 @@ use acemq_layers::{BoxError, Decision, Delivery};
 use futures::StreamExt;
 use lapin::{Channel, Consumer};
 use tokio::time::Sleep;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::WaitForCancellationFuture;
 use tower::Service;
 use tracing::debug;
 
@@ -52,7 +52,6 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     pub(super) consumer: &'p mut Consumer,
     /// Polls the consumer only when it may have something.
     pub(super) reader: Watched,
-    pub(super) intake: &'w CancellationToken,
     /// The drain stopped intake (watched while consuming).
     pub(super) stop: Pin<&'p mut WaitForCancellationFuture<'w>>,
     /// Polls `stop` only once it has woken the loop.
@@ -255,7 +254,7 @@ where
     fn collect_finished(&mut self, cx: &mut Context<'_>) -> usize {
         let mut finished = 0;
         while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
-            self.st.finished(done, self.intake);
+            self.st.finished(done);
             finished += 1;
         }
         finished

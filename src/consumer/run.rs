@@ -131,7 +131,6 @@ where
             st,
             consumer: &mut consumer,
             reader: Watched::new(),
-            intake: &intake,
             stop,
             stop_watch: Watched::new(),
             cancel_answered,

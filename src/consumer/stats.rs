@@ -102,17 +102,18 @@ impl Drop for LoopGauge<'_> {
     }
 }
 
-/// Updates the counters and metrics for a finished handler.
+/// Updates the counters and metrics for a finished handler (`draining`:
+/// intake had stopped when it finished).
 pub(super) fn record(
     outcomes: &OutcomeCounters,
     stats: &QueueStats,
-    intake: &CancellationToken,
+    draining: bool,
     decision: &Decision,
     started: Instant,
 ) {
     outcomes.duration.record(started.elapsed().as_secs_f64());
     stats.handled.fetch_add(1, Ordering::Relaxed);
-    if intake.is_cancelled() && !matches!(decision, Decision::HandBack | Decision::Abandoned) {
+    if draining && !matches!(decision, Decision::HandBack | Decision::Abandoned) {
         stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
     }
     match decision {
