@@ -638,7 +638,7 @@ struct Scenario<'a> {
 /// One timed run of `kind` on a queue holding `n` messages: a fresh one, or
 /// the round's `shared` one (declared, and left empty, by the caller).
 async fn run_one(
-    broker: &Broker,
+    broker: &mut Broker,
     st: &Settings,
     kind: Kind,
     sc: Scenario<'_>,
@@ -654,7 +654,7 @@ async fn run_one(
     let queue = shared.map_or_else(|| support::unique("tp"), str::to_owned);
     let config = st.acemq_config(Kind::Acemq, &queue, queue_type, prefetch, concurrency);
     if shared.is_none() {
-        broker.declare(&config).await;
+        broker.declare_again_on_failure(&config).await;
     }
     broker
         .publish_with(&queue, n, &vec![0x5a; body], st.props())
@@ -743,7 +743,7 @@ struct Summary {
     lines: Vec<String>,
 }
 
-async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Summary> {
+async fn scenario(broker: &mut Broker, st: &Settings, sc: Scenario<'_>) -> Option<Summary> {
     let Scenario {
         queue_type,
         prefetch,
@@ -786,7 +786,7 @@ async fn scenario(broker: &Broker, st: &Settings, sc: Scenario<'_>) -> Option<Su
             (q, config)
         });
         if let Some((_, config)) = &shared {
-            broker.declare(config).await;
+            broker.declare_again_on_failure(config).await;
         }
         // Rotate the order so no consumer always runs first or last.
         for i in 0..active.len() {
@@ -970,7 +970,7 @@ fn main() {
             Some(p) => format!(", broker CPU from {} (pid {})", p.node, p.pid),
             None => ", broker CPU not measured".to_owned(),
         };
-        let broker = support::start(
+        let mut broker = support::start(
             "throughput",
             &format!(
                 ", {} × {} B {}{broker_cpu}",
@@ -993,7 +993,7 @@ fn main() {
                     concurrency,
                     body,
                 };
-                summaries.extend(scenario(&broker, &st, sc).await);
+                summaries.extend(scenario(&mut broker, &st, sc).await);
             }
         }
         println!("\n## summary (ratios of medians, each within its own scenario)\n");

@@ -138,6 +138,28 @@ impl Broker {
             .expect("declare the bench topology");
     }
 
+    /// [`Broker::declare`] that survives the broker closing this
+    /// connection (RabbitMQ 3.10's quorum-queue log writer can crash when a
+    /// queue is deleted, which closes every connection): on a failure it
+    /// opens a new connection and declares again, up to 5 times, 2 s apart,
+    /// saying so on stderr. A long bench run then loses one round's start,
+    /// not the run.
+    pub async fn declare_again_on_failure(&mut self, config: &Config) {
+        let mut tries = 0;
+        loop {
+            match Topology::from_config(config).declare(&self.conn).await {
+                Ok(()) => return,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("  (declaring failed: {e}; opening a new connection and declaring again in 2 s, try {tries} of 5)");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    *self = Broker::new().await;
+                }
+                Err(e) => panic!("declare the bench topology: {e}"),
+            }
+        }
+    }
+
     /// Publishes `n` transient copies of `body` to `queue`, waiting for every
     /// confirm (at most 2,000 unconfirmed at a time).
     pub async fn publish(&self, queue: &str, n: u64, body: &[u8]) {
