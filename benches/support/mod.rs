@@ -142,8 +142,8 @@ impl Broker {
     /// connection (RabbitMQ 3.10's quorum-queue log writer can crash when a
     /// queue is deleted, which closes every connection): on a failure it
     /// opens a new connection and declares again, up to 5 times, 2 s apart,
-    /// saying so on stderr. A long bench run then loses one round's start,
-    /// not the run.
+    /// saying so on stderr. A long bench run then loses a few seconds, not
+    /// the run.
     pub async fn declare_again_on_failure(&mut self, config: &Config) {
         let mut tries = 0;
         loop {
