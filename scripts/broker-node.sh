@@ -24,7 +24,8 @@
 # `up` is idempotent (a node already up is left as it is; a node that was
 # killed is started again on its data) and waits until the node accepts AMQP
 # (at most ACEMQ_NODE_START_SECS, 60 by default, then the log's tail and exit
-# 69); `down` stops the node (kill -9 after 30 s) and removes its folder; `status` exits 0 when the node is up, 3 when it is not. The default
+# 69); `down` stops the node (kill -9 after 30 s) and removes its folder;
+# `status` exits 0 when the node is up, 3 when it is not. The default
 # broker (rabbit@localhost:5672, /etc/rabbitmq/rabbitmq.conf) is never touched.
 #
 # Ports used by acemq's tests (nothing else may use them): the fault-test node

@@ -24,7 +24,6 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 NODES=(acemq-1 acemq-2 acemq-3)
-root="${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}"
 PORTS=(5681 5682 5683)
 conf=$(mktemp)
 trap 'rm -f "$conf"' EXIT
@@ -60,14 +59,7 @@ up() {
   # frozen or killed, or folders whose data names the other nodes) is removed
   # first. A node started on such data waits minutes for its peers' tables
   # before it gives up; a fresh cluster forms in seconds.
-  local leftover=""
-  for i in 2 1 0; do
-    if [ -e "$root/${NODES[$i]}" ] || ./broker-node.sh pid "${NODES[$i]}" "${PORTS[$i]}" >/dev/null 2>&1; then
-      leftover="$leftover ${NODES[$i]}"
-      ./broker-node.sh down "${NODES[$i]}" "${PORTS[$i]}" >/dev/null
-    fi
-  done
-  [ -z "$leftover" ] || echo "cluster: removed what an earlier cluster left:$leftover"
+  down >/dev/null
   # The nodes boot one after the other: on 2 cores, three at once are
   # slower in all.
   for i in 0 1 2; do
