@@ -20,7 +20,7 @@ the yardstick's added cost (tower's `ConcurrencyLimit` around the same
 handler, minus bare), both from the same run, in each group: `per_delivery`
 (one delivery at a time) and `concurrent_8_tasks` (8 tasks, the handler
 yields once). Absolute nanoseconds move from machine to machine; the ratio is
-what the targets are written in (issue 15: each layer ≤ 1.0×).
+what the targets are written in (each layer ≤ 1.0×).
 """
 
 import json
