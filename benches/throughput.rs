@@ -54,7 +54,7 @@
 //! | `ACEMQ_BENCH_SHAPES` | `100x8,10x1` | prefetch × concurrency, each with an optional body size (`20x4`, `100x8@16k`) |
 //! | `ACEMQ_BENCH_BODY` | 256 | body size in bytes of every shape without `@` (`16k`, `16KiB`, `1m`, `1MiB` also read) |
 //! | `ACEMQ_BENCH_QUEUE_TYPES` | `classic` | `classic`, `quorum`, or both |
-//! | `ACEMQ_BENCH_ONLY` | all | a comma list of `a,b,c,m,B,B0` |
+//! | `ACEMQ_BENCH_ONLY` | all | a comma list of `a,b,c,m,B,B0`, and `mv` (below) |
 //! | `ACEMQ_BENCH_TRANSIENT` | unset | `1`: transient messages |
 //! | `ACEMQ_BENCH_MULTI_ACK` | 50 | m's `M` (capped at prefetch/2) |
 //! | `ACEMQ_BENCH_ACK_BATCH` | unset | B's `ack_batch`, YAML as written |
@@ -64,6 +64,12 @@
 //! | `ACEMQ_BENCH_ADDR` | `AMQP_ADDR` | the broker's AMQP address |
 //! | `ACEMQ_BENCH_NODE` | `rabbitmqctl`'s | the node whose `beam.smp` is measured |
 //! | `ACEMQ_BENCH_SHARED_QUEUE` | unset | `1`: one queue per round for all its consumers (each run fills and empties it) |
+//! | `ACEMQ_BENCH_M_SPIN_US` | 0 | mv spins this many µs after each handling |
+//! | `ACEMQ_BENCH_M_LIKE_APP` | unset | `1`: mv starts much as `App` does (an idle publishing connection beside it; a passive declare of `Q` and `Q.dlq` on a first channel, closed; qos and consume on a second) |
+//!
+//! **mv** is m varied as those two say, for experiments on the broker's
+//! modes (docs/benchmarks/broker-modes.md); it runs only when
+//! `ACEMQ_BENCH_ONLY` names it.
 //!
 //! Besides the ratios of medians, each table is followed by the ratios taken
 //! inside each round, then their median over the rounds.
@@ -142,16 +148,20 @@ enum Kind {
     MultiAck,
     Acemq,
     AcemqAckOff,
+    /// m with the variation `ACEMQ_BENCH_M_SPIN_US` / `ACEMQ_BENCH_M_LIKE_APP`
+    /// asks for: an experiment on the broker's modes, run only when named.
+    MultiAckVariant,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 7] = [
         Kind::TaskPerDelivery,
         Kind::WorkerPool,
         Kind::FuturesUnordered,
         Kind::MultiAck,
         Kind::Acemq,
         Kind::AcemqAckOff,
+        Kind::MultiAckVariant,
     ];
 
     fn letter(self) -> &'static str {
@@ -162,6 +172,7 @@ impl Kind {
             Kind::MultiAck => "m",
             Kind::Acemq => "B",
             Kind::AcemqAckOff => "B0",
+            Kind::MultiAckVariant => "mv",
         }
     }
 
@@ -173,6 +184,7 @@ impl Kind {
             Kind::MultiAck => "m multi-ack (the limit)",
             Kind::Acemq => "B acemq full stack",
             Kind::AcemqAckOff => "B0 acemq, ack_batch off",
+            Kind::MultiAckVariant => "mv multi-ack, varied",
         }
     }
 
@@ -209,6 +221,44 @@ struct Settings {
     /// One queue per round, shared by that round's consumers (each run
     /// fills it with `n` and empties it), instead of a fresh queue per run.
     shared_queue: bool,
+    /// What mv does differently from m.
+    variant: Variant,
+}
+
+/// mv's variation of m (`ACEMQ_BENCH_M_SPIN_US`, `ACEMQ_BENCH_M_LIKE_APP`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Variant {
+    /// Spins this long after each handling: client CPU per message added
+    /// without touching the broker.
+    spin: Duration,
+    /// Starts much as `App` does: an idle publishing connection with a confirm
+    /// channel beside the consuming one, and on the consuming connection a
+    /// passive declare of `Q` and `Q.dlq` on a channel closed before qos
+    /// and consume on a second one.
+    like_app: bool,
+}
+
+impl Variant {
+    fn describe(self) -> String {
+        let mut varied = Vec::new();
+        if !self.spin.is_zero() {
+            varied.push(format!(
+                "spinning {} µs after each handling",
+                self.spin.as_micros()
+            ));
+        }
+        if self.like_app {
+            varied.push(
+                "started much as App starts (a publishing connection beside it, a passive declare on a first channel, consume on a second)".to_owned(),
+            );
+        }
+        if varied.is_empty() {
+            varied.push(
+                "not varied (set ACEMQ_BENCH_M_SPIN_US or ACEMQ_BENCH_M_LIKE_APP)".to_owned(),
+            );
+        }
+        format!("mv = m, {}", varied.join("; "))
+    }
 }
 
 impl Settings {
@@ -304,7 +354,7 @@ impl Settings {
             for k in only {
                 if !Kind::ALL.iter().any(|kind| kind.letter() == k) {
                     fail(&format!(
-                        "ACEMQ_BENCH_ONLY: {k:?} is not a consumer; use a comma list of a,b,c,m,B,B0"
+                        "ACEMQ_BENCH_ONLY: {k:?} is not a consumer; use a comma list of a,b,c,m,B,B0,mv"
                     ));
                 }
             }
@@ -340,18 +390,23 @@ impl Settings {
             broker_process,
             shared_queue: std::env::var("ACEMQ_BENCH_SHARED_QUEUE")
                 .is_ok_and(|v| v == "1" || v == "true"),
+            variant: Variant {
+                spin: Duration::from_micros(support::env_or("ACEMQ_BENCH_M_SPIN_US", 0)),
+                like_app: std::env::var("ACEMQ_BENCH_M_LIKE_APP")
+                    .is_ok_and(|v| v == "1" || v == "true"),
+            },
         }
     }
 
-    /// Whether `kind` runs: named by `ACEMQ_BENCH_ONLY` (if set), and B0
-    /// only when `ack_batch` exists.
+    /// Whether `kind` runs: named by `ACEMQ_BENCH_ONLY` (if set), B0 only
+    /// when `ack_batch` exists, mv only when named.
     fn runs(&self, kind: Kind) -> bool {
         if kind == Kind::AcemqAckOff && !self.ack_batch_known {
             return false;
         }
         match &self.only {
             Some(only) => only.iter().any(|k| k == kind.letter()),
-            None => true,
+            None => kind != Kind::MultiAckVariant,
         }
     }
 
@@ -552,8 +607,20 @@ async fn futures_unordered(queue: String, prefetch: u16, concurrency: usize, sin
 /// reach the socket out of order — a `multiple` ack of tag 10 ahead of one
 /// of tag 5, and the broker closes the channel with 406 "unknown delivery
 /// tag 5" (seen here with `Acker`s, prefetch 10, every 5).
-async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
-    let (conn, ch, mut consumer) = plain_consumer(&queue, prefetch).await;
+async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>, variant: Variant) {
+    // mv started much as `App` starts: the publishing connection stays open (idle)
+    // until the run is over.
+    let publishing = if variant.like_app {
+        Some(like_app_publisher().await)
+    } else {
+        None
+    };
+    let (conn, ch, mut consumer) = if variant.like_app {
+        like_app_consumer(&queue, prefetch).await
+    } else {
+        plain_consumer(&queue, prefetch).await
+    };
+    let spin = variant.spin;
     let mut acks = FuturesUnordered::new();
     let mut taken = 0u64;
     loop {
@@ -564,6 +631,12 @@ async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
                 let d = next.expect("stream").expect("delivery");
                 taken += 1;
                 sink.handle(&d.data);
+                if !spin.is_zero() {
+                    let t = Instant::now();
+                    while t.elapsed() < spin {
+                        std::hint::spin_loop();
+                    }
+                }
                 if taken.is_multiple_of(every) || taken == sink.n {
                     // `multiple` with tag 0 would make lapin drop its
                     // buffered deliveries; tags start at 1.
@@ -584,6 +657,58 @@ async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>) {
         }
     }
     let _ = conn.close(200, "bench done".into()).await;
+    if let Some(p) = publishing {
+        let _ = p.close(200, "bench done".into()).await;
+    }
+}
+
+/// The connection `App` publishes rung and dead-letter copies on: a channel
+/// in confirm mode, idle here.
+async fn like_app_publisher() -> Connection {
+    let conn = support::connect("acemq-bench-mv-publish").await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .expect("confirm_select");
+    conn
+}
+
+/// The consuming connection as `App` opens it: `Q` and `Q.dlq` declared
+/// passively on a first channel, closed, then qos and consume on a second.
+async fn like_app_consumer(
+    queue: &str,
+    prefetch: u16,
+) -> (Connection, lapin::Channel, lapin::Consumer) {
+    let conn = support::connect("acemq-bench-mv").await;
+    let check = conn.create_channel().await.expect("channel");
+    for q in [queue.to_owned(), format!("{queue}.dlq")] {
+        check
+            .queue_declare(
+                q.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive declare");
+    }
+    check.close(200, "checked".into()).await.expect("close");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let consumer = ch
+        .basic_consume(
+            queue.into(),
+            "acemq-bench-mv".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    (conn, ch, consumer)
 }
 
 /// B / B0: acemq with the full stack, on `config`.
@@ -682,7 +807,20 @@ async fn run_one(
         Kind::TaskPerDelivery => spawn(task_per_delivery(q, prefetch, concurrency, s)),
         Kind::WorkerPool => spawn(worker_pool(q, prefetch, concurrency, s)),
         Kind::FuturesUnordered => spawn(futures_unordered(q, prefetch, concurrency, s)),
-        Kind::MultiAck => spawn(multi_ack(q, prefetch, st.multi_ack_at(prefetch), s)),
+        Kind::MultiAck => spawn(multi_ack(
+            q,
+            prefetch,
+            st.multi_ack_at(prefetch),
+            s,
+            Variant::default(),
+        )),
+        Kind::MultiAckVariant => spawn(multi_ack(
+            q,
+            prefetch,
+            st.multi_ack_at(prefetch),
+            s,
+            st.variant,
+        )),
         Kind::Acemq | Kind::AcemqAckOff => {
             let config = st.acemq_config(kind, &q, queue_type, prefetch, concurrency);
             spawn(acemq(config, q, s))
@@ -772,6 +910,9 @@ async fn scenario(broker: &mut Broker, st: &Settings, sc: Scenario<'_>) -> Optio
         st.ack_batch.as_deref().unwrap_or("the config's default")
     );
     let active: Vec<Kind> = Kind::ALL.iter().copied().filter(|k| st.runs(*k)).collect();
+    if active.contains(&Kind::MultiAckVariant) {
+        println!("{}\n", st.variant.describe());
+    }
     let mut samples: Vec<(Kind, Vec<Sample>)> = active.iter().map(|k| (*k, Vec::new())).collect();
     for round in 0..st.rounds {
         eprintln!(
