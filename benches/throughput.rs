@@ -498,6 +498,17 @@ async fn plain_consumer(
     prefetch: u16,
 ) -> (Connection, lapin::Channel, lapin::Consumer) {
     let conn = support::connect("acemq-bench-plain").await;
+    let (ch, consumer) = consume_on(&conn, queue, prefetch, "acemq-bench-plain").await;
+    (conn, ch, consumer)
+}
+
+/// A new channel on `conn` with `basic.qos` and a consumer of `queue`.
+async fn consume_on(
+    conn: &Connection,
+    queue: &str,
+    prefetch: u16,
+    tag: &str,
+) -> (lapin::Channel, lapin::Consumer) {
     let ch = conn.create_channel().await.expect("channel");
     ch.basic_qos(prefetch, BasicQosOptions::default())
         .await
@@ -505,13 +516,13 @@ async fn plain_consumer(
     let consumer = ch
         .basic_consume(
             queue.into(),
-            "acemq-bench-plain".into(),
+            tag.into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await
         .expect("consume");
-    (conn, ch, consumer)
+    (ch, consumer)
 }
 
 /// (a) A task per delivery under a semaphore; the permit is held until the
@@ -673,7 +684,7 @@ async fn like_app_publisher() -> Connection {
     conn
 }
 
-/// The consuming connection as `App` opens it: `Q` and `Q.dlq` declared
+/// The consuming connection much as `App` opens it: `Q` and `Q.dlq` declared
 /// passively on a first channel, closed, then qos and consume on a second.
 async fn like_app_consumer(
     queue: &str,
@@ -695,19 +706,7 @@ async fn like_app_consumer(
             .expect("passive declare");
     }
     check.close(200, "checked".into()).await.expect("close");
-    let ch = conn.create_channel().await.expect("channel");
-    ch.basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .expect("qos");
-    let consumer = ch
-        .basic_consume(
-            queue.into(),
-            "acemq-bench-mv".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let (ch, consumer) = consume_on(&conn, queue, prefetch, "acemq-bench-mv").await;
     (conn, ch, consumer)
 }
 
