@@ -136,17 +136,13 @@ fn switches_since(before: &HashMap<u32, (String, u64)>) -> (u64, usize, Vec<(Str
     (total, now.len(), by_name)
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
-}
-
 /// The generated config of `names`.
 fn config(names: &[String]) -> Config {
     let prefetch: u16 = support::env_or("ACEMQ_BENCH_PREFETCH", 10);
     let concurrency: Option<usize> = std::env::var("ACEMQ_BENCH_CONCURRENCY")
         .ok()
         .and_then(|c| c.trim().parse().ok());
-    let dead_letter = env_flag("ACEMQ_BENCH_DEAD_LETTER");
+    let dead_letter = support::env_flag("ACEMQ_BENCH_DEAD_LETTER");
     let mut yaml = String::from("shutdown_timeout: 20\nqueues:\n");
     for name in names {
         yaml.push_str(&format!(
@@ -345,7 +341,7 @@ fn parent() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         support::rabbitmq_version(),
         list.join(" / "),
-        if env_flag("ACEMQ_BENCH_DEAD_LETTER") {
+        if support::env_flag("ACEMQ_BENCH_DEAD_LETTER") {
             ", dead_letter: true"
         } else {
             ""

@@ -264,8 +264,8 @@ impl Variant {
 impl Settings {
     fn from_env() -> Settings {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let transient = args.iter().any(|a| a == "--transient")
-            || std::env::var("ACEMQ_BENCH_TRANSIENT").is_ok_and(|v| v == "1" || v == "true");
+        let transient =
+            args.iter().any(|a| a == "--transient") || support::env_flag("ACEMQ_BENCH_TRANSIENT");
         let queue_types: Vec<String> = std::env::var("ACEMQ_BENCH_QUEUE_TYPES")
             .unwrap_or_else(|_| "classic".into())
             .split(',')
@@ -388,12 +388,10 @@ impl Settings {
             max_load: support::env_or("ACEMQ_BENCH_MAX_LOAD", 1.5),
             load_wait: Duration::from_secs(support::env_or("ACEMQ_BENCH_LOAD_WAIT", 90)),
             broker_process,
-            shared_queue: std::env::var("ACEMQ_BENCH_SHARED_QUEUE")
-                .is_ok_and(|v| v == "1" || v == "true"),
+            shared_queue: support::env_flag("ACEMQ_BENCH_SHARED_QUEUE"),
             variant: Variant {
                 spin: Duration::from_micros(support::env_or("ACEMQ_BENCH_M_SPIN_US", 0)),
-                like_app: std::env::var("ACEMQ_BENCH_M_LIKE_APP")
-                    .is_ok_and(|v| v == "1" || v == "true"),
+                like_app: support::env_flag("ACEMQ_BENCH_M_LIKE_APP"),
             },
         }
     }
@@ -619,17 +617,13 @@ async fn futures_unordered(queue: String, prefetch: u16, concurrency: usize, sin
 /// of tag 5, and the broker closes the channel with 406 "unknown delivery
 /// tag 5" (seen here with `Acker`s, prefetch 10, every 5).
 async fn multi_ack(queue: String, prefetch: u16, every: u64, sink: Arc<Sink>, variant: Variant) {
-    // mv started much as `App` starts: the publishing connection stays open (idle)
-    // until the run is over.
-    let publishing = if variant.like_app {
-        Some(like_app_publisher().await)
+    // mv started much as `App` starts: the publishing connection stays open
+    // (idle) until the run is over.
+    let (publishing, (conn, ch, mut consumer)) = if variant.like_app {
+        let publishing = like_app_publisher().await;
+        (Some(publishing), like_app_consumer(&queue, prefetch).await)
     } else {
-        None
-    };
-    let (conn, ch, mut consumer) = if variant.like_app {
-        like_app_consumer(&queue, prefetch).await
-    } else {
-        plain_consumer(&queue, prefetch).await
+        (None, plain_consumer(&queue, prefetch).await)
     };
     let spin = variant.spin;
     let mut acks = FuturesUnordered::new();
@@ -806,20 +800,19 @@ async fn run_one(
         Kind::TaskPerDelivery => spawn(task_per_delivery(q, prefetch, concurrency, s)),
         Kind::WorkerPool => spawn(worker_pool(q, prefetch, concurrency, s)),
         Kind::FuturesUnordered => spawn(futures_unordered(q, prefetch, concurrency, s)),
-        Kind::MultiAck => spawn(multi_ack(
-            q,
-            prefetch,
-            st.multi_ack_at(prefetch),
-            s,
-            Variant::default(),
-        )),
-        Kind::MultiAckVariant => spawn(multi_ack(
-            q,
-            prefetch,
-            st.multi_ack_at(prefetch),
-            s,
-            st.variant,
-        )),
+        Kind::MultiAck | Kind::MultiAckVariant => {
+            let variant = match kind {
+                Kind::MultiAckVariant => st.variant,
+                _ => Variant::default(),
+            };
+            spawn(multi_ack(
+                q,
+                prefetch,
+                st.multi_ack_at(prefetch),
+                s,
+                variant,
+            ))
+        }
         Kind::Acemq | Kind::AcemqAckOff => {
             let config = st.acemq_config(kind, &q, queue_type, prefetch, concurrency);
             spawn(acemq(config, q, s))

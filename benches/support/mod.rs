@@ -461,6 +461,11 @@ pub fn rabbitmq_version() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// Whether an environment variable is set to `1` or `true`.
+pub fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
+}
+
 /// An environment variable parsed as a number, or `default`.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
