@@ -122,8 +122,8 @@ use std::time::Duration;
 
 use acemq_layers::{
     BoxError, BreakerPolicy, CancelLayer, Cancellation, CircuitBreakerLayer, ClaimLayer, Classify,
-    DeadLetterLayer, Decision, DefaultClassifier, Delivery, InFlightCounter, PauseHandle,
-    PauseLayer, Publish, RetryLayer, RetryPolicy,
+    DeadLetterLayer, DeadLetterRetryLayer, Decision, DefaultClassifier, Delivery, InFlightCounter,
+    PauseHandle, PauseLayer, Publish, RetryLayer, RetryPolicy,
 };
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
@@ -350,14 +350,11 @@ pub(crate) type Formed<S> = tower::util::Either<acemq_layers::batch::Batching<S>
 pub(crate) type Breaker<S, C> = tower::util::Either<acemq_layers::CircuitBreaker<S, C>, S>;
 
 /// The handler's service as the acemq layers see it, from the claim down.
+/// Dead-letter, redelivery limit and retry (rows 4 and 5) run as one
+/// service, [`DeadLetterRetry`](acemq_layers::DeadLetterRetry): what the
+/// three layers do, with one future per delivery.
 pub(crate) type Attempts<H, I, P, C> = acemq_layers::Claim<
-    acemq_layers::DeadLetter<
-        acemq_layers::RedeliveryLimit<
-            acemq_layers::Retry<Breaker<acemq_layers::Cancel<<I as Layer<H>>::Service>, C>, P, C>,
-        >,
-        P,
-        C,
-    >,
+    acemq_layers::DeadLetterRetry<Breaker<acemq_layers::Cancel<<I as Layer<H>>::Service>, C>, P, C>,
 >;
 
 /// Builds exactly the stack `App` runs for a queue (the test harness
@@ -400,16 +397,14 @@ where
     };
     let attempts = ServiceBuilder::new()
         .layer(claim)
-        .layer(
+        .layer(DeadLetterRetryLayer::new(
             DeadLetterLayer::new(parts.publisher.clone())
                 .classifier(stack.classifier.clone())
                 .enabled(q.dead_letter),
-        )
-        .layer(acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries))
-        .layer(
+            acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries),
             RetryLayer::new(policy, parts.publisher, parts.draining)
                 .classifier(stack.classifier.clone()),
-        )
+        ))
         .option_layer(breaker)
         .layer({
             let layer =

@@ -265,7 +265,7 @@ fn run_group(
     }
 }
 
-const LABELS: [(&str, &str); 12] = [
+const LABELS: [(&str, &str); 14] = [
     ("bare", "bare service_fn"),
     ("yardstick", "yardstick: tower ConcurrencyLimit"),
     ("in_flight", "in-flight"),
@@ -276,6 +276,14 @@ const LABELS: [(&str, &str); 12] = [
     ("cancel_self_waking", "cancel (waking itself)"),
     ("retry", "retry (success)"),
     ("dead_letter", "dead-letter (success)"),
+    (
+        "dl_limit_retry_stacked",
+        "dead-letter, redelivery limit, retry: stacked (success)",
+    ),
+    (
+        "dead_letter_retry",
+        "dead-letter, redelivery limit, retry: one service, as App runs it (success)",
+    ),
     ("breaker_closed", "circuit breaker (closed)"),
     ("full_stack", "full stack (as App builds it)"),
 ];
@@ -350,7 +358,11 @@ fn main() {
                 ));
             }
         }
-        let target = if matches!(*case, "bare" | "yardstick" | "full_stack") {
+        // The three layers' work is not one layer's: no per-layer target.
+        let target = if matches!(
+            *case,
+            "bare" | "yardstick" | "full_stack" | "dl_limit_retry_stacked" | "dead_letter_retry"
+        ) {
             "—"
         } else {
             "≤ 1.0×"

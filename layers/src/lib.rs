@@ -130,6 +130,7 @@ pub mod batch;
 pub mod breaker;
 pub mod cancel;
 pub mod dead_letter;
+pub mod dead_letter_retry;
 mod decision;
 mod delivery;
 mod error;
@@ -150,6 +151,7 @@ pub mod verdict;
 pub use breaker::{BreakerPolicy, BreakerPolicyError, CircuitBreaker, CircuitBreakerLayer};
 pub use cancel::{Cancel, CancelLayer};
 pub use dead_letter::{DeadLetter, DeadLetterLayer};
+pub use dead_letter_retry::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use decision::{DeadLetterDecision, Decision, Reason, RetryDecision, RetryVia};
 pub use delivery::{
     parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT,

@@ -87,9 +87,9 @@ pub(crate) const YARDSTICK_PERMITS: usize = 8;
 
 /// Every case around `$handler`, in order: bare, the yardstick (tower's
 /// `ConcurrencyLimit`), each layer alone, and the full stack in
-/// `acemq::App::consume`'s order (pause → claim → dead-letter → retry
-/// → cancel; `App` also has the redelivery limit between dead-letter and
-/// retry, not measured here; the cancel layer woken by the loop, which runs each request in
+/// `acemq::App::consume`'s order (pause → claim → dead-letter, redelivery
+/// limit and retry as one service → cancel; the cancel layer woken by the
+/// loop, which runs each request in
 /// a slot of its `Slots` with a waker made once per slot — nothing per
 /// request; its own cost is measured apart, `layer_ratios`' container
 /// group — and given the generation's token that the deliveries' lifeline
@@ -185,6 +185,30 @@ macro_rules! each_case {
                 .layer(DeadLetterLayer::new(NoopPublish))
                 .service_fn($handler),
         );
+        // Dead-letter, redelivery limit and retry: the three layers
+        // stacked, and the one service that does what they do (App's).
+        v.case(
+            "dl_limit_retry_stacked",
+            ServiceBuilder::new()
+                .layer(DeadLetterLayer::new(NoopPublish))
+                .layer(acemq_layers::RedeliveryLimitLayer::default())
+                .layer(RetryLayer::new(
+                    policy(),
+                    NoopPublish,
+                    CancellationToken::new(),
+                ))
+                .service_fn($handler),
+        );
+        v.case(
+            "dead_letter_retry",
+            ServiceBuilder::new()
+                .layer(acemq_layers::DeadLetterRetryLayer::new(
+                    DeadLetterLayer::new(NoopPublish),
+                    acemq_layers::RedeliveryLimitLayer::default(),
+                    RetryLayer::new(policy(), NoopPublish, CancellationToken::new()),
+                ))
+                .service_fn($handler),
+        );
         // Closed: every success counted in its window's ring.
         v.case(
             "breaker_closed",
@@ -204,11 +228,10 @@ macro_rules! each_case {
                         std::sync::Arc::new(tokio::sync::Semaphore::new(YARDSTICK_PERMITS)),
                     ),
                 )
-                .layer(DeadLetterLayer::new(NoopPublish))
-                .layer(RetryLayer::new(
-                    policy(),
-                    NoopPublish,
-                    CancellationToken::new(),
+                .layer(acemq_layers::DeadLetterRetryLayer::new(
+                    DeadLetterLayer::new(NoopPublish),
+                    acemq_layers::RedeliveryLimitLayer::default(),
+                    RetryLayer::new(policy(), NoopPublish, CancellationToken::new()),
                 ))
                 .layer(
                     CancelLayer::from_cancellation($crate::cases::generation_token())

@@ -91,39 +91,10 @@ where
                     else {
                         return Poll::Ready(result);
                     };
-                    if !copy {
-                        // Disabled: the loop rejects what is dead-lettered;
-                        // a request's caller still hears why.
-                        let future = match result {
-                            Ok(Decision::DeadLetter(d)) if !d.published => {
-                                Box::pin(reply_only(delivery, config, d))
-                            }
-                            other => return Poll::Ready(other),
-                        };
-                        this.state.set(State::Publishing { future });
-                        continue;
+                    match act(result, delivery, &config, copy) {
+                        Act::Done(result) => return Poll::Ready(result),
+                        Act::Publish(future) => this.state.set(State::Publishing { future }),
                     }
-                    let decision = match result {
-                        Ok(Decision::DeadLetter(d)) if !d.published => d,
-                        Err(error) => {
-                            let reason = match config.classifier.classify(&*error) {
-                                _ if TransactionEnded::is_in(&*error) => Reason::TransactionEnded,
-                                Class::Panic => Reason::Panic,
-                                Class::Permanent => Reason::Rejected,
-                                Class::Timeout => Reason::Timeout,
-                                _ => Reason::MaxAttempts,
-                            };
-                            DeadLetterDecision {
-                                reason,
-                                error: display_chain(&*error, MAX_ERROR_LEN),
-                                attempts: delivery.attempt(),
-                                published: false,
-                            }
-                        }
-                        other => return Poll::Ready(other),
-                    };
-                    let future = Box::pin(publish(delivery, config, decision));
-                    this.state.set(State::Publishing { future });
                 }
                 StateProj::Publishing { future } => {
                     return Poll::Ready(Ok(ready!(future.as_mut().poll(cx))));
@@ -131,6 +102,59 @@ where
             }
         }
     }
+}
+
+/// What the layer does with a result.
+pub(crate) enum Act {
+    /// Nothing to publish: the result as it is.
+    Done(Result<Decision, BoxError>),
+    /// The copy (or, disabled, a request's error reply) to publish; the
+    /// decision once it is done.
+    Publish(BoxFuture<'static, Decision>),
+}
+
+/// What the layer does with `result` for `delivery`: a dead-letter
+/// decision not yet carried out, or an error, is published (`copy`: the
+/// layer is enabled) or only told to a request's caller (disabled); the
+/// rest passes through.
+pub(crate) fn act<P: Publish, C: Classify>(
+    result: Result<Decision, BoxError>,
+    delivery: Delivery,
+    config: &Arc<Config<P, C>>,
+    copy: bool,
+) -> Act {
+    if !copy {
+        // Disabled: the loop rejects what is dead-lettered; a request's
+        // caller still hears why.
+        return match result {
+            Ok(Decision::DeadLetter(d))
+                if !d.published && delivery.properties().reply_to.is_some() =>
+            {
+                Act::Publish(Box::pin(reply_only(delivery, config.clone(), d)))
+            }
+            other => Act::Done(other),
+        };
+    }
+    let decision = match result {
+        Ok(Decision::DeadLetter(d)) if !d.published => d,
+        Err(error) => {
+            let reason = match config.classifier.classify(&*error) {
+                _ if TransactionEnded::is_in(&*error) => Reason::TransactionEnded,
+                Class::Panic => Reason::Panic,
+                Class::Permanent => Reason::Rejected,
+                Class::Timeout => Reason::Timeout,
+                _ => Reason::MaxAttempts,
+            };
+            DeadLetterDecision {
+                reason,
+                error: display_chain(&*error, MAX_ERROR_LEN),
+                attempts: delivery.attempt(),
+                published: false,
+            }
+        }
+        other => return Act::Done(other),
+    };
+    Act::Publish(Box::pin(publish(delivery, config.clone(), decision)))
 }
 
 impl<F, P, C> fmt::Debug for ResponseFuture<F, P, C> {

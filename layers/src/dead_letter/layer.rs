@@ -52,6 +52,17 @@ impl<P, C> DeadLetterLayer<P, C> {
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }
+
+    /// What its services share.
+    pub(crate) fn config(&self) -> super::Config<P, C>
+    where
+        P: Clone,
+    {
+        super::Config {
+            publisher: self.publisher.clone(),
+            classifier: self.classifier.clone(),
+        }
+    }
 }
 
 impl<S, P: Publish, C: Classify> Layer<S> for DeadLetterLayer<P, C> {

@@ -110,6 +110,9 @@ mod service;
 pub use layer::DeadLetterLayer;
 pub use service::DeadLetter;
 
+pub(crate) use future::{act, Act};
+pub(crate) use service::Config;
+
 /// Header naming why the delivery was dead-lettered ([`Reason::as_str`](crate::Reason::as_str)).
 pub const REASON_HEADER: &str = "x-acemq-reason";
 /// Header carrying the last error's display chain, at most [`MAX_ERROR_LEN`] bytes.

@@ -18,6 +18,11 @@ impl RedeliveryLimitLayer {
     pub const fn new(max: u32) -> Self {
         RedeliveryLimitLayer { max }
     }
+
+    /// The bound.
+    pub const fn max(&self) -> u32 {
+        self.max
+    }
 }
 
 impl Default for RedeliveryLimitLayer {

@@ -80,4 +80,6 @@ mod strikes;
 
 pub use layer::{RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
 pub use service::RedeliveryLimit;
+
+pub(crate) use service::limited;
 pub use strikes::ConsumerTimeoutStrikes;

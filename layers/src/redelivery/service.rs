@@ -65,36 +65,43 @@ where
     }
 
     fn call(&mut self, delivery: Delivery) -> Self::Future {
-        if let Some(decision) = struck_out(&delivery) {
-            return ResponseFuture::limited(decision);
-        }
-        match redeliveries(delivery.headers()) {
-            Some((n, header)) if n > i64::from(self.max) => {
-                tracing::warn!(
-                    queue = %delivery.queue(),
-                    message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
-                    redeliveries = n,
-                    header,
-                    max_redeliveries = self.max,
-                    "delivery redelivered {n} times ({header}), above max_redeliveries ({}); \
-                     dead-lettering it without calling the handler",
-                    self.max
-                );
-                ResponseFuture::limited(Decision::DeadLetter(DeadLetterDecision {
-                    reason: Reason::Redelivered,
-                    error: format!(
-                        "redelivered {n} times ({header}), above max_redeliveries ({}): \
-                         the handler was not called; a message that crashes the process, or \
-                         one handed back again and again",
-                        self.max
-                    ),
-                    attempts: delivery.attempt(),
-                    published: false,
-                }))
-            }
-            _ => ResponseFuture::inner(self.inner.call(delivery)),
+        match limited(&delivery, self.max) {
+            Some(decision) => ResponseFuture::limited(decision),
+            None => ResponseFuture::inner(self.inner.call(delivery)),
         }
     }
+}
+
+/// The dead-letter decision for a delivery that has struck out or was
+/// redelivered more than `max` times (logged here), if it is one: the
+/// service below is not to be called.
+pub(crate) fn limited(delivery: &Delivery, max: u32) -> Option<Decision> {
+    if let Some(decision) = struck_out(delivery) {
+        return Some(decision);
+    }
+    let (n, header) = redeliveries(delivery.headers())?;
+    if n <= i64::from(max) {
+        return None;
+    }
+    tracing::warn!(
+        queue = %delivery.queue(),
+        message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
+        redeliveries = n,
+        header,
+        max_redeliveries = max,
+        "delivery redelivered {n} times ({header}), above max_redeliveries ({max}); \
+         dead-lettering it without calling the handler"
+    );
+    Some(Decision::DeadLetter(DeadLetterDecision {
+        reason: Reason::Redelivered,
+        error: format!(
+            "redelivered {n} times ({header}), above max_redeliveries ({max}): \
+             the handler was not called; a message that crashes the process, or \
+             one handed back again and again"
+        ),
+        attempts: delivery.attempt(),
+        published: false,
+    }))
 }
 
 /// The dead-letter decision for a delivery whose acknowledgement the broker

@@ -26,7 +26,7 @@ use crate::publish::{Outgoing, Publish, PublishError};
 
 /// Carries out the schedule after a failure: dead-letter, publish to a rung,
 /// or wait here and call the inner service again, until a decision.
-pub(super) async fn failure_path<S, P, C>(
+pub(crate) async fn failure_path<S, P, C>(
     mut service: S,
     mut delivery: Delivery,
     config: Arc<Config<P, C>>,

@@ -68,6 +68,11 @@ impl<P, C> RetryLayer<P, C> {
     pub fn policy(&self) -> &RetryPolicy {
         &self.config.policy
     }
+
+    /// What every service of this layer shares.
+    pub(crate) fn config(&self) -> &Arc<Config<P, C>> {
+        &self.config
+    }
 }
 
 impl<S, P: Publish, C: Classify> Layer<S> for RetryLayer<P, C> {

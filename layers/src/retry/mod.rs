@@ -144,3 +144,6 @@ mod service;
 pub use layer::{RetryLayer, RetryWaits};
 pub use policy::{delay_label, rung_name, RetryPolicy};
 pub use service::Retry;
+
+pub(crate) use failure::failure_path;
+pub(crate) use layer::Config;
