@@ -29,7 +29,7 @@
 //! the other one, which starts counting afresh.
 
 use crate::sync::Locked;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -288,22 +288,45 @@ impl Strikes {
     }
 }
 
-/// One generation's started and unsettled deliveries: tag → (received,
-/// key). Tags count up on a channel, so this is in order of receipt.
+/// One generation's started and unsettled deliveries: tag, received, key,
+/// in order of tag. Tags count up on a channel and handlers start in the
+/// order their deliveries arrived, so an entry goes on the back, and one
+/// leaves from the front unless a later handler finished first (then it is
+/// found by binary search): no hashing, and no allocation once the queue's
+/// prefetch has been in flight once.
 #[derive(Debug, Default)]
 pub(crate) struct Started {
-    by_tag: BTreeMap<u64, (Instant, Key)>,
+    by_tag: VecDeque<(u64, Instant, Key)>,
 }
 
 impl Started {
     /// A handler started for `tag`, received at `received`.
     pub(crate) fn insert(&mut self, tag: u64, received: Instant, key: Key) {
-        self.by_tag.insert(tag, (received, key));
+        match self.by_tag.back() {
+            Some((last, _, _)) if *last >= tag => {
+                // Not in arrival order (never seen on one channel): kept
+                // sorted all the same.
+                let at = self.by_tag.partition_point(|(t, _, _)| *t < tag);
+                if self.by_tag.get(at).is_some_and(|(t, _, _)| *t == tag) {
+                    self.by_tag[at] = (tag, received, key);
+                } else {
+                    self.by_tag.insert(at, (tag, received, key));
+                }
+            }
+            _ => self.by_tag.push_back((tag, received, key)),
+        }
     }
 
     /// `tag`'s handler finished; its key.
     pub(crate) fn remove(&mut self, tag: u64) -> Option<Key> {
-        self.by_tag.remove(&tag).map(|(_, key)| key)
+        let at = match self.by_tag.front() {
+            Some((first, _, _)) if *first == tag => 0,
+            _ => self
+                .by_tag
+                .binary_search_by_key(&tag, |(t, _, _)| *t)
+                .ok()?,
+        };
+        self.by_tag.remove(at).map(|(_, _, key)| key)
     }
 
     /// Started and not yet settled.
@@ -319,13 +342,13 @@ impl Started {
     /// key of the one received earliest and of every other received within
     /// [`MARGIN`] of it.
     pub(crate) fn suspects(&self) -> Vec<(u64, u64)> {
-        let Some(first) = self.by_tag.values().map(|(at, _)| *at).min() else {
+        let Some(first) = self.by_tag.iter().map(|(_, at, _)| *at).min() else {
             return Vec::new();
         };
         self.by_tag
             .iter()
-            .filter(|(_, (at, _))| at.saturating_duration_since(first) <= MARGIN)
-            .map(|(tag, (_, key))| (*tag, key.value()))
+            .filter(|(_, at, _)| at.saturating_duration_since(first) <= MARGIN)
+            .map(|(tag, _, key)| (*tag, key.value()))
             .collect()
     }
 
@@ -445,6 +468,29 @@ mod tests {
         assert_eq!(s.remove(1).map(|k| k.value()), Some(11));
         assert_eq!(s.remove(2).map(|k| k.value()), Some(12));
         assert_eq!(s.suspects(), [(3, 13)]);
+    }
+
+    #[test]
+    fn started_deliveries_finish_in_any_order_and_stay_in_tag_order() {
+        let t0 = Instant::now();
+        let mut s = Started::default();
+        for tag in 1..=4 {
+            s.insert(tag, t0, (tag * 10).into());
+        }
+        // A later handler finishes first; then the first; a tag never
+        // started is not there.
+        assert_eq!(s.remove(3).map(|k| k.value()), Some(30));
+        assert_eq!(s.remove(1).map(|k| k.value()), Some(10));
+        assert!(s.remove(3).is_none() && s.remove(9).is_none());
+        assert_eq!(s.suspects(), [(2, 20), (4, 40)]);
+        // A tag out of order (never seen on one channel) still goes in its
+        // place, and one started again replaces its entry.
+        s.insert(3, t0, 33.into());
+        s.insert(4, t0, 44.into());
+        assert_eq!(s.suspects(), [(2, 20), (3, 33), (4, 44)]);
+        assert_eq!(s.len(), 3);
+        s.clear();
+        assert_eq!(s.len(), 0);
     }
 
     #[test]
