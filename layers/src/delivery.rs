@@ -118,68 +118,72 @@ pub struct DeliveryBuilder {
 
 impl DeliveryBuilder {
     /// The queue the delivery came from.
+    #[inline]
     pub fn queue(mut self, queue: impl Into<Arc<str>>) -> Self {
         self.queue = Some(queue.into());
         self
     }
     /// The message body.
+    #[inline]
     pub fn body(mut self, body: impl Into<Bytes>) -> Self {
         self.message.body = body.into();
         self
     }
     /// The message headers (the attempt is parsed from them).
+    #[inline]
     pub fn headers(mut self, headers: Headers) -> Self {
         self.message.headers = headers;
         self
     }
     /// The message properties.
+    #[inline]
     pub fn properties(mut self, properties: Properties) -> Self {
         self.message.properties = properties;
         self
     }
     /// The exchange the message was published to (empty: default exchange).
+    #[inline]
     pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
         self.message.exchange = exchange.into();
         self
     }
     /// The routing key the message was published with.
+    #[inline]
     pub fn routing_key(mut self, routing_key: impl Into<String>) -> Self {
         self.message.routing_key = routing_key.into();
         self
     }
     /// The broker's delivery tag.
+    #[inline]
     pub fn delivery_tag(mut self, tag: u64) -> Self {
         self.delivery_tag = tag;
         self
     }
     /// Whether the broker flagged the message as redelivered.
+    #[inline]
     pub fn redelivered(mut self, redelivered: bool) -> Self {
         self.redelivered = redelivered;
         self
     }
     /// The cancellation the handler sees (default: one that never fires).
+    #[inline]
     pub fn token(mut self, token: CancellationToken) -> Self {
         self.token = Some(Cancellation::new(token));
         self
     }
     /// The delivery's [`Lifeline`] (default: one that is never lost).
+    #[inline]
     pub fn lifeline(mut self, lifeline: Lifeline) -> Self {
         self.lifeline = Some(lifeline);
         self
     }
     /// Builds the delivery, parsing the attempt from [`ATTEMPT_HEADER`].
+    #[inline]
     pub fn build(self) -> Delivery {
         let queue = self.queue.unwrap_or_else(|| Arc::from(""));
         let attempt = match parse_attempt(self.message.headers.get(ATTEMPT_HEADER)) {
             Ok(n) => n,
-            Err(why) => {
-                tracing::warn!(
-                    queue = %queue,
-                    delivery_tag = self.delivery_tag,
-                    "malformed {ATTEMPT_HEADER} header ({why}); treating the delivery as attempt 1"
-                );
-                1
-            }
+            Err(why) => malformed_attempt(&queue, self.delivery_tag, &why),
         };
         Delivery {
             shared: Arc::new(Shared {
@@ -196,6 +200,17 @@ impl DeliveryBuilder {
             extensions: Extensions::new(),
         }
     }
+}
+
+/// Says that the attempt header was malformed; the delivery is attempt 1.
+#[cold]
+fn malformed_attempt(queue: &str, delivery_tag: u64, why: &str) -> u32 {
+    tracing::warn!(
+        queue = %queue,
+        delivery_tag,
+        "malformed {ATTEMPT_HEADER} header ({why}); treating the delivery as attempt 1"
+    );
+    1
 }
 
 /// Parses the attempt header: absent is attempt 1; anything but an integer in
@@ -215,6 +230,7 @@ pub fn parse_attempt(value: Option<&Value>) -> Result<u32, String> {
 
 impl Delivery {
     /// Starts building a delivery.
+    #[inline]
     pub fn builder() -> DeliveryBuilder {
         DeliveryBuilder::default()
     }

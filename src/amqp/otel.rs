@@ -28,16 +28,16 @@
 
 #![cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
 
-use acemq_layers::{Decision, Headers};
+use acemq_layers::{Decision, Delivery, Headers};
 use lapin::BasicProperties;
 use tracing::Span;
 
 /// Gives the OpenTelemetry span its name, kind, parent (the message's
 /// context), link (its creation context) and attributes. Called by
 /// [`crate::amqp::span::process_span`] before the span is first entered.
-pub(crate) fn describe(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+pub(crate) fn describe(span: &Span, queue: &str, delivery: &Delivery) {
     #[cfg(feature = "opentelemetry")]
-    imp::describe(span, queue, raw);
+    imp::describe(span, queue, delivery);
 }
 
 /// Sets `acemq.attempt` on the OpenTelemetry span.
@@ -81,7 +81,7 @@ pub(crate) fn inject_properties(properties: BasicProperties) -> BasicProperties 
 mod imp {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use acemq_layers::{Decision, Headers, Value as HeaderValue};
+    use acemq_layers::{Decision, Delivery, Headers, Value as HeaderValue};
     use lapin::types::{AMQPValue, FieldTable, LongString};
     use lapin::BasicProperties;
     use opentelemetry::propagation::{Extractor, Injector};
@@ -95,24 +95,20 @@ mod imp {
     /// being the failed attempt's span.
     const ORIGINAL_TRACEPARENT_HEADER: &str = "x-acemq-original-traceparent";
 
-    /// Reads a string header of a lapin field table.
-    fn table_str<'a>(table: &'a FieldTable, key: &str) -> Option<&'a str> {
-        match table.inner().get(key)? {
-            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
-            AMQPValue::ShortString(s) => Some(s.as_str()),
-            _ => None,
-        }
+    /// Reads a string header.
+    fn header_str<'a>(headers: &'a Headers, key: &str) -> Option<&'a str> {
+        headers.get(key)?.as_str()
     }
 
     /// The delivery's headers, as the propagator reads them.
-    struct TableExtractor<'a>(&'a FieldTable);
+    struct HeadersExtractor<'a>(&'a Headers);
 
-    impl Extractor for TableExtractor<'_> {
+    impl Extractor for HeadersExtractor<'_> {
         fn get(&self, key: &str) -> Option<&str> {
-            table_str(self.0, key)
+            header_str(self.0, key)
         }
         fn keys(&self) -> Vec<&str> {
-            self.0.inner().keys().map(|k| k.as_str()).collect()
+            self.0.iter().map(|(k, _)| k).collect()
         }
     }
 
@@ -171,29 +167,27 @@ mod imp {
         Malformed(String),
     }
 
-    fn carried(raw: &lapin::message::Delivery) -> Carried {
-        let Some(table) = raw.properties.headers() else {
-            return Carried::Nothing;
-        };
-        let Some(traceparent) = table_str(table, TRACEPARENT) else {
+    fn carried(delivery: &Delivery) -> Carried {
+        let table = delivery.headers();
+        let Some(traceparent) = header_str(table, TRACEPARENT) else {
             return Carried::Nothing;
         };
         if !w3c_propagator() {
             return Carried::Nothing;
         }
-        let parent = global::get_text_map_propagator(|p| p.extract(&TableExtractor(table)));
+        let parent = global::get_text_map_propagator(|p| p.extract(&HeadersExtractor(table)));
         let parent_span = parent.span().span_context().clone();
         if !parent_span.is_valid() {
             return Carried::Malformed(traceparent.chars().take(64).collect());
         }
-        let creation = table_str(table, ORIGINAL_TRACEPARENT_HEADER)
+        let creation = header_str(table, ORIGINAL_TRACEPARENT_HEADER)
             .and_then(original)
             .unwrap_or(parent_span);
         Carried::Context(parent, creation)
     }
 
-    pub(super) fn describe(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
-        let carried = carried(raw);
+    pub(super) fn describe(span: &Span, queue: &str, delivery: &Delivery) {
+        let carried = carried(delivery);
         let parent = match &carried {
             Carried::Context(parent, _) => parent.clone(),
             // A new root.
@@ -207,7 +201,7 @@ mod imp {
                 tracing::field::display(format_args!("process {queue}")),
             );
             span.record("otel.kind", "consumer");
-            set_attributes(span, queue, raw);
+            set_attributes(span, queue, delivery);
             if let Carried::Context(_, creation) = carried {
                 span.add_link(creation);
                 return;
@@ -226,32 +220,33 @@ mod imp {
         }
     }
 
-    /// The messaging conventions' attributes and acemq's own that the raw
+    /// The messaging conventions' attributes and acemq's own that the
     /// delivery gives.
-    fn set_attributes(span: &Span, queue: &str, raw: &lapin::message::Delivery) {
+    fn set_attributes(span: &Span, queue: &str, delivery: &Delivery) {
         span.set_attribute("messaging.system", "rabbitmq");
         span.set_attribute("messaging.operation.type", "process");
-        span.set_attribute(
-            "messaging.destination.name",
-            raw.exchange.as_str().to_owned(),
-        );
+        span.set_attribute("messaging.destination.name", delivery.exchange().to_owned());
         span.set_attribute(
             "messaging.rabbitmq.destination.routing_key",
-            raw.routing_key.as_str().to_owned(),
+            delivery.routing_key().to_owned(),
         );
         span.set_attribute(
             "messaging.rabbitmq.message.delivery_tag",
-            int(raw.delivery_tag),
+            int(delivery.delivery_tag()),
         );
-        if let Some(id) = raw.properties.message_id() {
-            span.set_attribute("messaging.message.id", id.to_string());
+        let properties = delivery.properties();
+        if let Some(id) = &properties.message_id {
+            span.set_attribute("messaging.message.id", id.clone());
         }
-        if let Some(id) = raw.properties.correlation_id() {
-            span.set_attribute("messaging.message.conversation_id", id.to_string());
+        if let Some(id) = &properties.correlation_id {
+            span.set_attribute("messaging.message.conversation_id", id.clone());
         }
-        span.set_attribute("messaging.message.body.size", int(raw.data.len() as u64));
+        span.set_attribute(
+            "messaging.message.body.size",
+            int(delivery.body().len() as u64),
+        );
         span.set_attribute("acemq.queue", queue.to_owned());
-        span.set_attribute("acemq.redelivered", raw.redelivered);
+        span.set_attribute("acemq.redelivered", delivery.redelivered());
     }
 
     pub(super) fn set_attribute(span: &Span, key: &'static str, value: impl Into<Value>) {

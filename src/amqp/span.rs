@@ -27,17 +27,17 @@ use acemq_layers::{Decision, Delivery};
 use tracing::field::Empty;
 use tracing::Span;
 
-/// Creates the delivery's `process` span (`acemq.process`) with what the raw
+/// Creates the delivery's `process` span (`acemq.process`) with what the
 /// delivery says. With the `opentelemetry` feature its OpenTelemetry name,
 /// kind, parent, link and attributes are set here, before the span is first
 /// entered.
-pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span {
+pub(crate) fn process_span(queue: &str, delivery: &Delivery) -> Span {
     let span = tracing::info_span!(
         "acemq.process",
         queue = %queue,
-        delivery_tag = raw.delivery_tag,
+        delivery_tag = delivery.delivery_tag(),
         message_id = Empty,
-        attempt = Empty,
+        attempt = delivery.attempt(),
         redelivered = Empty,
         // Recorded only when an OpenTelemetry layer sees the span: the
         // OpenTelemetry span's name and kind are read from these two fields.
@@ -47,20 +47,15 @@ pub(crate) fn process_span(queue: &str, raw: &lapin::message::Delivery) -> Span 
     if span.is_disabled() {
         return span;
     }
-    if let Some(id) = raw.properties.message_id() {
+    if let Some(id) = &delivery.properties().message_id {
         span.record("message_id", id.as_str());
     }
-    if raw.redelivered {
+    if delivery.redelivered() {
         span.record("redelivered", true);
     }
-    crate::amqp::otel::describe(&span, queue, raw);
+    crate::amqp::otel::describe(&span, queue, delivery);
+    crate::amqp::otel::record_attempt(&span, delivery.attempt());
     span
-}
-
-/// Records what is known once the delivery is converted: its attempt number.
-pub(crate) fn record_delivery(span: &Span, delivery: &Delivery) {
-    span.record("attempt", delivery.attempt());
-    crate::amqp::otel::record_attempt(span, delivery.attempt());
 }
 
 /// Records the decision on the OpenTelemetry span (feature

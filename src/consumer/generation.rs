@@ -23,6 +23,7 @@ use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
 use super::struck::Struck;
+use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Frame, Ledger, Settlement};
 
@@ -56,8 +57,10 @@ pub(super) struct Generation<'a, S> {
     pub(super) outcomes: OutcomeCounters,
     pub(super) lifeline: Lifeline,
     pub(super) cancel: CancellationToken,
-    /// Fetched and not started, with when each was received.
-    pub(super) buffer: VecDeque<(lapin::message::Delivery, Instant)>,
+    /// Fetched and not started, with when each was received: converted on
+    /// arrival, so what waits here and moves on to the stack is a reference
+    /// count, not lapin's delivery with its properties.
+    pub(super) buffer: VecDeque<(Delivery, Instant)>,
     /// Started and not finished: what an acknowledgement timeout strikes.
     pub(super) started: Started,
     /// Cancelled when the drain stops intake.
@@ -104,7 +107,9 @@ where
             Phase::Consuming | Phase::Stopping => {}
         }
         self.ledger.receive(raw.delivery_tag);
-        self.buffer.push_back((raw, Instant::now()));
+        // Settled by tag through the ledger: lapin's acker is not used.
+        let (delivery, _acker) = delivery_from_lapin_on(self.queue, raw, &self.lifeline);
+        self.buffer.push_back((delivery, Instant::now()));
     }
 
     /// The drain stopped intake: what is held goes out. False when the
@@ -291,11 +296,11 @@ where
     /// Under `hand_back`, once the cancel is answered: what is buffered
     /// goes back.
     pub(super) fn hand_back_buffered(&mut self) {
-        while let Some((raw, _)) = self.buffer.pop_front() {
+        while let Some((delivery, _)) = self.buffer.pop_front() {
             self.stats.handed_back.fetch_add(1, Ordering::Relaxed);
             self.outcomes.handed_back.increment(1);
             self.ledger
-                .record(raw.delivery_tag, Settlement::Requeue, &mut self.ops);
+                .record(delivery.delivery_tag(), Settlement::Requeue, &mut self.ops);
         }
     }
 
@@ -328,12 +333,12 @@ where
                 Poll::Pending => return Poll::Pending,
             }
         }
-        let Some((raw, received)) = self.buffer.pop_front() else {
+        let Some((delivery, received)) = self.buffer.pop_front() else {
             return Poll::Ready(None);
         };
         self.ready = false;
-        let tag = raw.delivery_tag;
-        let handler = start_handler(&mut self.service, self.queue, &self.lifeline, raw);
+        let tag = delivery.delivery_tag();
+        let handler = start_handler(&mut self.service, self.queue, delivery);
         let key = self.service.take_last_key();
         self.started.insert(tag, received, key);
         Poll::Ready(Some(handler))

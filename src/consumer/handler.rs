@@ -1,5 +1,5 @@
-//! One handler: a lapin delivery turned into a request, the stack called,
-//! and the future that yields its decision.
+//! One handler: the stack called with a delivery, and the future that
+//! yields its decision.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
+use acemq_layers::{BoxError, Decision, Delivery};
 use pin_project_lite::pin_project;
 use tower::Service;
 use tracing::Span;
-
-use crate::amqp::convert::delivery_from_lapin_on;
 
 /// What a handler's future yields: its decision, the delivery tag, when
 /// the handler started, and whether the delivery was handed back while
@@ -31,9 +29,9 @@ impl<S, F> Released for acemq_layers::pause::future::ResponseFuture<S, F> {
     }
 }
 
-/// Turns a lapin delivery into a request, calls the stack, and returns the
-/// future that yields the decision with the delivery tag (inside the
-/// delivery's span). The queue's concurrency permit is taken at the claim
+/// Calls the stack with a delivery (converted from lapin's on arrival) and
+/// returns the future that yields the decision with the delivery tag
+/// (inside the delivery's span). The queue's concurrency permit is taken at the claim
 /// and held until the stack below it returns, not until the settle.
 ///
 /// While the delivery is held (not claimed), the future resolves at once
@@ -44,16 +42,13 @@ impl<S, F> Released for acemq_layers::pause::future::ResponseFuture<S, F> {
 pub(super) fn start_handler<S>(
     service: &mut S,
     queue: &Arc<str>,
-    lifeline: &Lifeline,
-    raw: lapin::message::Delivery,
+    delivery: Delivery,
 ) -> Handling<S::Future>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
 {
-    let span = crate::amqp::span::process_span(queue, &raw);
-    let (delivery, _acker) = span.in_scope(|| delivery_from_lapin_on(queue, raw, lifeline));
-    crate::amqp::span::record_delivery(&span, &delivery);
+    let span = crate::amqp::span::process_span(queue, &delivery);
     let started = Instant::now();
     let held = delivery.clone();
     let fut = span.in_scope(|| service.call(delivery));
