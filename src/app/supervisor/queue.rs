@@ -195,6 +195,11 @@ impl Runner<'_> {
         let mut parked = false;
         loop {
             tokio::select! {
+                // The loop says why before its task ends: when both are
+                // ready, its word comes first (a parked generation read as
+                // one that ended without a word would be consumed again at
+                // once, and its deliveries handed back twice).
+                biased;
                 why = &mut *ended => break why.map_err(|_| None),
                 res = &mut join => break Err(Some(res)),
                 () = gate.paused_for(bound), if !parked => {
