@@ -231,9 +231,12 @@ impl Drain {
             }
         } else {
             tokio::select! {
+                // Handlers that finished as the deadline or a second signal
+                // came make a clean drain, not a timeout.
+                biased;
                 () = self.tracker.wait() => None,
-                () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
                 () = hurry => Some(DeadlineKind::SecondSignal),
+                () = tokio::time::sleep_until(deadline) => Some(DeadlineKind::ShutdownTimeout),
             }
         }
     }
