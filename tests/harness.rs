@@ -234,3 +234,64 @@ async fn once_the_drain_began_a_failure_moves_to_its_rung_or_is_handed_back_neve
     assert_eq!(r.fate, Fate::HandedBack, "no rung for 1 s: handed back");
     assert_eq!(r.attempts.len(), 1);
 }
+
+/// A handler whose first attempt fails and which is then never ready again
+/// (its pool is gone): the retry cannot call it.
+#[derive(Clone)]
+struct GoneAfterFirstAttempt {
+    calls: Arc<Mutex<u32>>,
+}
+
+impl tower::Service<Delivery> for GoneAfterFirstAttempt {
+    type Response = ();
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<(), BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(if *self.calls.lock().unwrap() == 0 {
+            Ok(())
+        } else {
+            Err("the database pool is gone".into())
+        })
+    }
+
+    fn call(&mut self, _: Delivery) -> Self::Future {
+        *self.calls.lock().unwrap() += 1;
+        std::future::ready(Err("attempt 1 fails".into()))
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_not_ready_for_its_retry_hands_the_delivery_back_with_or_without_outer_layers() {
+    // Dead-letter off: the failed retry is an error below the claim, not a
+    // dead-letter decision.
+    let yaml = "queues: [{ name: gone, dead_letter: false,
+        retries: { max_attempts: 3, initial_delay: 1, max_delay: 1 } }]";
+    // Without outer layers a delivery goes from the pause gate straight to
+    // the claim; with one it passes through it. The stack's failure below
+    // the claim is the same decision either way: handed back, so the
+    // broker redelivers it (not rejected, which would drop it).
+    let calls = Arc::new(Mutex::new(0));
+    let handler = GoneAfterFirstAttempt {
+        calls: calls.clone(),
+    };
+    let mut direct = TestQueue::new(queue(yaml), handler.clone());
+    let r = direct.deliver_body("x").await;
+    assert_eq!(r.fate, Fate::HandedBack, "{r:?}");
+    assert_eq!(*calls.lock().unwrap(), 1, "attempt 1 only");
+    assert!(r.published.is_empty(), "nothing dead-lettered: {r:?}");
+
+    let calls = Arc::new(Mutex::new(0));
+    let handler = GoneAfterFirstAttempt {
+        calls: calls.clone(),
+    };
+    let stack = QueueStack::new().outer(MapResponseLayer::new(|o: Outcome| o));
+    let mut through = TestQueue::with_stack(queue(yaml), stack, handler);
+    let r = through.deliver_body("x").await;
+    assert_eq!(r.fate, Fate::HandedBack, "{r:?}");
+    assert_eq!(*calls.lock().unwrap(), 1, "attempt 1 only");
+    assert!(r.published.is_empty(), "nothing dead-lettered: {r:?}");
+}
