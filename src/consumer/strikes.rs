@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 
 use acemq_layers::headers::DELIVERY_COUNT_HEADER;
 use acemq_layers::{Delivery, Value};
-use bytes::Bytes;
 
 /// Deliveries received within this of the earliest unsettled one are
 /// struck with it.
@@ -86,85 +85,74 @@ fn is_ack_timeout(text: &str) -> bool {
 /// process only, so a fixed seed is fine).
 type KeyHasher = rapidhash::quality::RapidHasher<'static>;
 
-/// Bodies up to this size are digested at once (well under a microsecond);
-/// larger ones are kept and digested only when asked.
-const DIGEST_AT_ONCE: usize = 4096;
-
 /// The key a message is remembered by: its `message_id`, else a digest of
-/// its body and headers. A large body's digest is deferred: it is taken
-/// only when the key is looked up ([`Key::value`]), which happens when the
-/// queue's memory holds a struck message or an acknowledgement has timed
-/// out, never on the way of an ordinary delivery.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Key {
-    /// The digest of the id, or of the headers.
-    partial: u64,
-    /// The body still to digest (no copy: a reference count).
-    body: Option<Bytes>,
+/// its body and headers. It is taken only when asked ([`Key::value`]):
+/// when the queue's memory holds a struck message or an acknowledgement
+/// has timed out, never on the way of an ordinary delivery. Until then the
+/// key keeps the delivery (a reference count; the stack holds the
+/// delivery until its handler has finished anyway).
+#[derive(Debug, Clone)]
+pub(crate) enum Key {
+    /// Taken.
+    Value(u64),
+    /// Not taken yet: from this delivery when asked.
+    Of(Delivery),
+}
+
+impl Default for Key {
+    fn default() -> Key {
+        Key::Value(0)
+    }
 }
 
 impl Key {
+    /// `delivery`'s key, taken when asked.
     pub(crate) fn of(delivery: &Delivery) -> Key {
-        let mut h = KeyHasher::default();
-        match delivery.properties().message_id.as_deref() {
-            Some(id) if !id.is_empty() => {
-                0u8.hash(&mut h);
-                id.hash(&mut h);
-                Key {
-                    partial: h.finish(),
-                    body: None,
-                }
-            }
-            _ => {
-                1u8.hash(&mut h);
-                for (name, value) in delivery.headers().iter() {
-                    if name == DELIVERY_COUNT_HEADER || name == ACQUIRED_COUNT_HEADER {
-                        continue;
-                    }
-                    name.hash(&mut h);
-                    hash_value(value, &mut h);
-                }
-                let partial = h.finish();
-                let body = delivery.body();
-                if body.len() <= DIGEST_AT_ONCE {
-                    // Cheaper digested now than kept: keeping a body
-                    // allocates its shared reference count the first time.
-                    return Key {
-                        partial: digest(partial, body),
-                        body: None,
-                    };
-                }
-                Key {
-                    partial,
-                    body: Some(body.clone()),
-                }
-            }
-        }
+        Key::Of(delivery.clone())
     }
 
-    /// The key's value (digests the body, if any).
+    /// `delivery`'s key, taken now.
+    pub(crate) fn taken(delivery: &Delivery) -> Key {
+        Key::Value(digest(delivery))
+    }
+
+    /// The key's value (taken now if it was not).
     pub(crate) fn value(&self) -> u64 {
-        match &self.body {
-            None => self.partial,
-            Some(body) => digest(self.partial, body),
+        match self {
+            Key::Value(value) => *value,
+            Key::Of(delivery) => digest(delivery),
         }
     }
 }
 
-/// The digest of the headers' digest `partial` and `body`.
-fn digest(partial: u64, body: &[u8]) -> u64 {
-    let mut h = KeyHasher::new(partial);
-    body.hash(&mut h);
+/// The digest of `delivery`'s message id, or of its headers (without the
+/// return counts) and body.
+fn digest(delivery: &Delivery) -> u64 {
+    let mut h = KeyHasher::default();
+    match delivery.properties().message_id.as_deref() {
+        Some(id) if !id.is_empty() => {
+            0u8.hash(&mut h);
+            id.hash(&mut h);
+        }
+        _ => {
+            1u8.hash(&mut h);
+            for (name, value) in delivery.headers().iter() {
+                if name == DELIVERY_COUNT_HEADER || name == ACQUIRED_COUNT_HEADER {
+                    continue;
+                }
+                name.hash(&mut h);
+                hash_value(value, &mut h);
+            }
+            delivery.body().hash(&mut h);
+        }
+    }
     h.finish()
 }
 
 #[cfg(test)]
 impl From<u64> for Key {
     fn from(value: u64) -> Key {
-        Key {
-            partial: value,
-            body: None,
-        }
+        Key::Value(value)
     }
 }
 
@@ -420,23 +408,20 @@ mod tests {
             key_of(&delivery("x", Some(""), &[])),
             key_of(&delivery("x", None, &[]))
         );
-        // A large body is kept for a digest taken only when asked; a small
-        // one is digested at once, and none when the message has an id.
-        let big = "b".repeat(DIGEST_AT_ONCE + 1);
+        // Taken when asked or at once, the same message gives the same key.
+        let big = "b".repeat(64 * 1024);
         let deferred = Key::of(&delivery(&big, None, &[]));
-        assert_eq!(deferred.body.as_deref(), Some(big.as_bytes()));
+        assert!(
+            matches!(deferred, Key::Of(_)),
+            "nothing digested on the way"
+        );
         assert_eq!(deferred.value(), key_of(&delivery(&big, None, &[])));
+        assert_eq!(
+            deferred.value(),
+            Key::taken(&delivery(&big, None, &[])).value()
+        );
         assert_ne!(deferred.value(), key_of(&delivery(&big[1..], None, &[])));
-        assert!(Key::of(&plain).body.is_none());
-        assert!(Key::of(&a).body.is_none());
-        // Digested at once or when asked, the same bytes give the same key.
-        let mut h = KeyHasher::default();
-        1u8.hash(&mut h);
-        let kept = Key {
-            partial: h.finish(),
-            body: Some(Bytes::from_static(b"x")),
-        };
-        assert_eq!(kept.value(), key_of(&delivery("x", None, &[])));
+        assert_eq!(Key::of(&a).value(), Key::taken(&a).value());
     }
 
     #[test]

@@ -60,12 +60,14 @@ where
     }
 
     fn call(&mut self, mut delivery: Delivery) -> Self::Future {
-        let key = Key::of(&delivery);
-        // Nothing struck: no lookup, and the body is not digested.
-        let strikes = if self.stats.strikes.is_empty() {
-            0
+        // Nothing struck: no lookup, and nothing digested (the key keeps
+        // the delivery, for a timeout to strike it by).
+        let (key, strikes) = if self.stats.strikes.is_empty() {
+            (Key::of(&delivery), 0)
         } else {
-            self.stats.strikes.get(key.value())
+            let key = Key::taken(&delivery);
+            let strikes = self.stats.strikes.get(key.value());
+            (key, strikes)
         };
         self.last = key;
         if strikes > 0 {
