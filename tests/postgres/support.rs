@@ -249,6 +249,10 @@ impl Broker {
 }
 
 impl Drop for Broker {
+    /// Deletes the test's queues on a connection of its own, each step
+    /// bounded: the test's connection may be the one a fault closed, and a
+    /// call on it may then never return (a drop that waits on it hangs the
+    /// whole test binary).
     fn drop(&mut self) {
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
         let conn = self.conn.clone();
@@ -258,14 +262,31 @@ impl Drop for Broker {
                 .build()
                 .expect("runtime");
             rt.block_on(async {
-                if let Ok(ch) = conn.create_channel().await {
-                    for q in queues {
-                        let _ = ch
-                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                            .await;
+                let cleanup = async {
+                    let fresh = Connection::connect(
+                        &addr(),
+                        ConnectionProperties::default()
+                            .with_connection_name("acemq-test-postgres-cleanup".into()),
+                    )
+                    .await
+                    .ok()?;
+                    if let Ok(ch) = fresh.create_channel().await {
+                        for q in queues {
+                            let _ = ch
+                                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                                .await;
+                        }
                     }
+                    fresh.close(200, "OK".into()).await.ok()
+                };
+                if tokio::time::timeout(Duration::from_secs(20), cleanup)
+                    .await
+                    .is_err()
+                {
+                    eprintln!("the test's queues could not be deleted within 20 s");
                 }
-                let _ = conn.close(200, "OK".into()).await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, "OK".into()))
+                    .await;
             });
         })
         .join();
