@@ -202,6 +202,67 @@ impl DeliveryBuilder {
     }
 }
 
+/// Everything a transport received with one message, for
+/// [`Delivery::received`]: the builder's result in one step, for the
+/// transport's path that runs once per message (each of the builder's
+/// chained calls moves the whole message).
+#[doc(hidden)]
+pub struct Received {
+    pub queue: Arc<str>,
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Bytes,
+    pub headers: Headers,
+    pub properties: Properties,
+    pub delivery_tag: u64,
+    pub redelivered: bool,
+    pub lifeline: Lifeline,
+}
+
+/// Never the body (see [`Message`]'s).
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("queue", &self.queue)
+            .field("delivery_tag", &self.delivery_tag)
+            .field("body_len", &self.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    /// What [`DeliveryBuilder`] builds from the same parts (no token: one
+    /// that never fires).
+    #[doc(hidden)]
+    #[inline]
+    pub fn received(r: Received) -> Delivery {
+        let attempt = match parse_attempt(r.headers.get(ATTEMPT_HEADER)) {
+            Ok(n) => n,
+            Err(why) => malformed_attempt(&r.queue, r.delivery_tag, &why),
+        };
+        Delivery {
+            shared: Arc::new(Shared {
+                message: Message {
+                    exchange: r.exchange,
+                    routing_key: r.routing_key,
+                    body: r.body,
+                    headers: r.headers,
+                    properties: r.properties,
+                },
+                queue: r.queue,
+                delivery_tag: r.delivery_tag,
+                redelivered: r.redelivered,
+                lifeline: r.lifeline,
+                claim: ClaimCell::new(),
+                slot: SlotCell::default(),
+            }),
+            attempt,
+            token: None,
+            extensions: Extensions::new(),
+        }
+    }
+}
+
 /// Says that the attempt header was malformed; the delivery is attempt 1.
 #[cold]
 fn malformed_attempt(queue: &str, delivery_tag: u64, why: &str) -> u32 {

@@ -153,6 +153,8 @@ pub use cancel::{Cancel, CancelLayer};
 pub use dead_letter::{DeadLetter, DeadLetterLayer};
 pub use dead_letter_retry::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use decision::{DeadLetterDecision, Decision, Reason, RetryDecision, RetryVia};
+#[doc(hidden)]
+pub use delivery::Received;
 pub use delivery::{
     parse_attempt, Delivery, DeliveryBuilder, Properties, ATTEMPT_HEADER, MAX_ATTEMPT,
 };

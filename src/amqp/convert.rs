@@ -264,20 +264,19 @@ fn convert_delivery(
         .as_ref()
         .map(headers_from_table)
         .unwrap_or_default();
-    let delivery = Delivery::builder()
-        .queue(queue.clone())
-        .body(d.data)
-        .headers(headers)
-        .properties(properties_from_lapin(&d.properties))
-        .exchange(String::from(d.exchange))
-        .routing_key(String::from(d.routing_key))
-        .delivery_tag(d.delivery_tag)
-        .redelivered(d.redelivered);
-    let delivery = match lifeline {
-        Some(l) => delivery.lifeline(l),
-        None => delivery,
-    }
-    .build();
+    // In one step: the builder's chained calls would move the whole
+    // message once each, per delivery.
+    let delivery = Delivery::received(acemq_layers::Received {
+        queue: queue.clone(),
+        exchange: String::from(d.exchange),
+        routing_key: String::from(d.routing_key),
+        body: d.data.into(),
+        headers,
+        properties: properties_from_lapin(&d.properties),
+        delivery_tag: d.delivery_tag,
+        redelivered: d.redelivered,
+        lifeline: lifeline.unwrap_or_default(),
+    });
     (delivery, d.acker)
 }
 
