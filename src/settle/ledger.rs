@@ -103,6 +103,10 @@ pub(crate) struct Ledger {
     entries: VecDeque<TagState>,
     /// Decided outcomes not sent yet.
     held: usize,
+    /// Of those, the ones sent singly (requeues and rejects): a flush
+    /// that is not forced has nothing to send while there are none and
+    /// fewer than `count` acknowledgements are held, and returns at once.
+    singles: usize,
     /// Tags received and not sent yet (the broker counts them against the
     /// prefetch window).
     open: usize,
@@ -115,6 +119,7 @@ impl Ledger {
             base: 1,
             entries: VecDeque::new(),
             held: 0,
+            singles: 0,
             open: 0,
         }
     }
@@ -190,6 +195,12 @@ impl Ledger {
             if outcome != Settlement::Never {
                 self.held += 1;
             }
+            if matches!(
+                outcome,
+                Settlement::Requeue | Settlement::RejectRequeue | Settlement::Reject
+            ) {
+                self.singles += 1;
+            }
         }
     }
 
@@ -200,6 +211,11 @@ impl Ledger {
     /// and outcomes stuck above an unsettled tag singly.
     pub(crate) fn flush(&mut self, force: bool, out: &mut Vec<Frame>) {
         if !self.coalescing() || self.held == 0 {
+            return;
+        }
+        // No run can reach the count (a run is of held acknowledgements)
+        // and no requeue or reject waits for its turn: nothing to send.
+        if !force && self.held < self.bounds.count && self.singles == 0 {
             return;
         }
         // The contiguous front.
@@ -225,6 +241,7 @@ impl Ledger {
                     out.push(self.entries[i].single(tag).expect("a settle"));
                     self.entries[i] = TagState::Settled;
                     self.held -= 1;
+                    self.singles -= 1;
                     self.open -= 1;
                 }
                 TagState::Pending | TagState::Never => break,
@@ -239,6 +256,9 @@ impl Ledger {
                 let Some(op) = self.entries[j].single(tag) else {
                     continue;
                 };
+                if !matches!(op, Frame::Ack(_)) {
+                    self.singles -= 1;
+                }
                 out.push(op);
                 self.entries[j] = TagState::Settled;
                 self.held -= 1;
@@ -246,6 +266,17 @@ impl Ledger {
             }
         }
         self.compact();
+        debug_assert_eq!(
+            self.singles,
+            self.entries
+                .iter()
+                .filter(|e| matches!(
+                    e,
+                    TagState::Requeue | TagState::RejectRequeue | TagState::Reject
+                ))
+                .count(),
+            "the count of held requeues and rejects"
+        );
     }
 
     /// Sends the run ending at `end` (of `len` acked tags): one `multiple`
