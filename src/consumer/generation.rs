@@ -23,7 +23,7 @@ use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
 use super::struck::Struck;
-use crate::amqp::convert::delivery_from_lapin_on;
+use crate::amqp::convert::delivery_taken_from_lapin;
 use crate::config::PrefetchPolicy;
 use crate::settle::ledger::{Bounds, Frame, Ledger, Settlement};
 
@@ -95,8 +95,8 @@ where
         }
     }
 
-    /// A delivery arrived.
-    pub(super) fn receive(&mut self, raw: lapin::message::Delivery) {
+    /// A delivery arrived (read from the stream `at`).
+    pub(super) fn receive(&mut self, raw: &mut lapin::message::Delivery, at: Instant) {
         match self.phase {
             Phase::Lost => return,
             Phase::CancelAnswered => {
@@ -107,9 +107,10 @@ where
             Phase::Consuming | Phase::Stopping => {}
         }
         self.ledger.receive(raw.delivery_tag);
-        // Settled by tag through the ledger: lapin's acker is not used.
-        let (delivery, _acker) = delivery_from_lapin_on(self.queue, raw, &self.lifeline);
-        self.buffer.push_back((delivery, Instant::now()));
+        // Settled by tag through the ledger: lapin's acker is not used
+        // (it is dropped with `raw`).
+        let delivery = delivery_taken_from_lapin(self.queue, raw, &self.lifeline);
+        self.buffer.push_back((delivery, at));
     }
 
     /// The drain stopped intake: what is held goes out. False when the

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery};
@@ -64,9 +64,59 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     /// it: then `None`.
     pub(super) handlers_cancelled: Option<Pin<&'p mut WaitForCancellationFuture<'w>>>,
     /// The time bound of what the ledger holds.
-    pub(super) timer: Timer<'p>,
+    pub(super) hold: HoldTimer<'p>,
     /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
     pub(super) check: Timer<'p>,
+}
+
+/// The time bound of what the ledger holds: a deadline set when it starts
+/// to hold, checked against the clock in every round that holds, and put
+/// to tokio's timer only when the loop is about to wait (a `Sleep` the loop
+/// keeps pinned and resets only when the deadline moved): a busy loop
+/// neither polls nor re-registers the timer per delivery.
+pub(super) struct HoldTimer<'p> {
+    sleep: Pin<&'p mut Sleep>,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl<'p> HoldTimer<'p> {
+    pub(super) fn new(sleep: Pin<&'p mut Sleep>) -> Self {
+        Self {
+            sleep,
+            deadline: None,
+        }
+    }
+
+    /// Sets the deadline `after` from now unless one is set; whether it
+    /// has passed.
+    fn passed(&mut self, after: Duration) -> bool {
+        let now = tokio::time::Instant::now();
+        match self.deadline {
+            None => {
+                self.deadline = Some(now + after);
+                false
+            }
+            Some(deadline) => now >= deadline,
+        }
+    }
+
+    /// The wait is over: the next one sets its deadline afresh.
+    fn disarm(&mut self) {
+        self.deadline = None;
+    }
+
+    /// Before the loop waits: tokio's timer wakes it at the deadline, if
+    /// one is set. Whether the deadline has passed already (then the loop
+    /// goes on instead of waiting).
+    fn fired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.deadline else {
+            return false;
+        };
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
 }
 
 /// A timer armed when a wait starts and disarmed when it is over (a
@@ -96,12 +146,6 @@ impl<'p> Timer<'p> {
         self.sleep.as_mut().poll(cx).is_ready()
     }
 
-    /// The clock is past the armed timer's deadline (tokio may not have
-    /// fired it yet).
-    fn passed(&self) -> bool {
-        tokio::time::Instant::now() >= self.sleep.deadline()
-    }
-
     /// The wait is over: the next one arms it afresh.
     fn disarm(&mut self) {
         self.armed = false;
@@ -129,7 +173,7 @@ where
             if self.finished() {
                 return Poll::Ready(());
             }
-            if !progressed {
+            if !progressed && !self.hold_fired(cx) {
                 return Poll::Pending;
             }
             budget -= 1;
@@ -138,6 +182,17 @@ where
                 return Poll::Pending;
             }
         }
+    }
+
+    /// Before the loop waits with acknowledgements held: whether their
+    /// time bound has passed already (tokio's timer is set to wake the
+    /// loop at it otherwise).
+    fn hold_fired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.st.ledger.held() == 0 {
+            self.hold.disarm();
+            return false;
+        }
+        self.hold.fired(cx)
     }
 
     /// One round: every step once, in this order; whether any progressed.
@@ -154,7 +209,7 @@ where
         progressed |= self.collect_finished(cx) > 0;
         progressed |= self.hand_back();
         progressed |= self.start_handlers(cx, start);
-        self.flush_ledger(cx);
+        self.flush_ledger();
         progressed |= self.send_settles(cx);
         progressed |= self.poll_settles(cx);
         self.st.publish_gauges(self.settles.len());
@@ -206,10 +261,14 @@ where
     /// it: see [`Watched`]).
     fn read_stream(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
+        // One reading of the clock for what arrives together.
+        let mut now = None;
         while self.st.reading {
             let consumer = &mut *self.consumer;
             match self.reader.poll(cx, |cx| consumer.poll_next_unpin(cx)) {
-                Poll::Ready(Some(Ok(raw))) => self.st.receive(raw),
+                Poll::Ready(Some(Ok(mut raw))) => self
+                    .st
+                    .receive(&mut raw, *now.get_or_insert_with(Instant::now)),
                 Poll::Ready(Some(Err(e))) => self.st.lose(e),
                 Poll::Ready(None) => self.st.stream_ended(),
                 Poll::Pending => break,
@@ -315,7 +374,7 @@ where
     }
 
     /// Flush what the bounds allow.
-    fn flush_ledger(&mut self, cx: &mut Context<'_>) {
+    fn flush_ledger(&mut self) {
         let st = &mut self.st;
         if st.ledger.held() > 0 {
             // Idle with the prefetch window used up: the broker
@@ -326,17 +385,18 @@ where
             let idle = self.handlers.is_empty() && (st.buffer.is_empty() || lost);
             let stalled = idle && (lost || st.ledger.window_full());
             let mut force = st.force_flush || stalled || !st.reading;
-            // The timer, or the clock: tokio fires timers only when a
-            // worker parks or every few dozen task polls, so a loop kept
-            // busy by a saturated queue could otherwise hold a run well
-            // past its bound (seen: 16 ms against 2 ms). Every round that
-            // holds acknowledgements reads the clock instead.
-            if !force && (self.timer.fired(st.ledger.delay(), cx) || self.timer.passed()) {
+            // The clock: tokio fires timers only when a worker parks or
+            // every few dozen task polls, so a loop kept busy by a
+            // saturated queue could otherwise hold a run well past its
+            // bound (seen: 16 ms against 2 ms). Every round that holds
+            // acknowledgements reads the clock; tokio's timer is set only
+            // when the loop is about to wait (see `hold_fired`).
+            if !force && self.hold.passed(st.ledger.delay()) {
                 force = true;
             }
             st.ledger.flush(force, &mut st.ops);
             if force || st.ledger.held() == 0 {
-                self.timer.disarm();
+                self.hold.disarm();
             }
         }
         st.force_flush = false;
