@@ -99,6 +99,13 @@ async fn cut_off(proxy: &Proxy, health: &Health) {
         eventually(SECS(10), || async { !health.is_ready() }).await,
         "readiness goes false once the connection is lost"
     );
+    // Readiness goes false with the first of the two connections seen
+    // lost (the publisher's, as often as not); the consumers' follows.
+    assert!(
+        eventually(SECS(10), || async { !health.snapshot().connected }).await,
+        "the consumers' connection is seen lost: {:?}",
+        health.snapshot()
+    );
 }
 
 fn str_header<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
