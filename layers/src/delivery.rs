@@ -180,25 +180,14 @@ impl DeliveryBuilder {
     /// Builds the delivery, parsing the attempt from [`ATTEMPT_HEADER`].
     #[inline]
     pub fn build(self) -> Delivery {
-        let queue = self.queue.unwrap_or_else(|| Arc::from(""));
-        let attempt = match parse_attempt(self.message.headers.get(ATTEMPT_HEADER)) {
-            Ok(n) => n,
-            Err(why) => malformed_attempt(&queue, self.delivery_tag, &why),
-        };
-        Delivery {
-            shared: Arc::new(Shared {
-                message: self.message,
-                queue,
-                delivery_tag: self.delivery_tag,
-                redelivered: self.redelivered,
-                lifeline: self.lifeline.unwrap_or_default(),
-                claim: ClaimCell::new(),
-                slot: SlotCell::default(),
-            }),
-            attempt,
-            token: self.token,
-            extensions: Extensions::new(),
-        }
+        Delivery::assemble(
+            self.message,
+            self.queue.unwrap_or_else(|| Arc::from("")),
+            self.delivery_tag,
+            self.redelivered,
+            self.lifeline.unwrap_or_default(),
+            self.token,
+        )
     }
 }
 
@@ -236,28 +225,49 @@ impl Delivery {
     #[doc(hidden)]
     #[inline]
     pub fn received(r: Received) -> Delivery {
-        let attempt = match parse_attempt(r.headers.get(ATTEMPT_HEADER)) {
+        Delivery::assemble(
+            Message {
+                exchange: r.exchange,
+                routing_key: r.routing_key,
+                body: r.body,
+                headers: r.headers,
+                properties: r.properties,
+            },
+            r.queue,
+            r.delivery_tag,
+            r.redelivered,
+            r.lifeline,
+            None,
+        )
+    }
+
+    /// The one place a delivery is put together: the attempt parsed from
+    /// [`ATTEMPT_HEADER`], the shared part built in place.
+    #[inline]
+    fn assemble(
+        message: Message,
+        queue: Arc<str>,
+        delivery_tag: u64,
+        redelivered: bool,
+        lifeline: Lifeline,
+        token: Option<Cancellation>,
+    ) -> Delivery {
+        let attempt = match parse_attempt(message.headers.get(ATTEMPT_HEADER)) {
             Ok(n) => n,
-            Err(why) => malformed_attempt(&r.queue, r.delivery_tag, &why),
+            Err(why) => malformed_attempt(&queue, delivery_tag, &why),
         };
         Delivery {
             shared: Arc::new(Shared {
-                message: Message {
-                    exchange: r.exchange,
-                    routing_key: r.routing_key,
-                    body: r.body,
-                    headers: r.headers,
-                    properties: r.properties,
-                },
-                queue: r.queue,
-                delivery_tag: r.delivery_tag,
-                redelivered: r.redelivered,
-                lifeline: r.lifeline,
+                message,
+                queue,
+                delivery_tag,
+                redelivered,
+                lifeline,
                 claim: ClaimCell::new(),
                 slot: SlotCell::default(),
             }),
             attempt,
-            token: None,
+            token,
             extensions: Extensions::new(),
         }
     }

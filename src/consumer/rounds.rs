@@ -64,22 +64,22 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     /// it: then `None`.
     pub(super) handlers_cancelled: Option<Pin<&'p mut WaitForCancellationFuture<'w>>>,
     /// The time bound of what the ledger holds.
-    pub(super) hold: HoldTimer<'p>,
+    pub(super) hold: Timer<'p>,
     /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
     pub(super) check: Timer<'p>,
 }
 
-/// The time bound of what the ledger holds: a deadline set when it starts
-/// to hold, checked against the clock in every round that holds, and put
-/// to tokio's timer only when the loop is about to wait (a `Sleep` the loop
-/// keeps pinned and resets only when the deadline moved): a busy loop
-/// neither polls nor re-registers the timer per delivery.
-pub(super) struct HoldTimer<'p> {
+/// A deadline set when a wait starts and cleared when it is over, checked
+/// against the clock, and put to tokio's timer only when the loop is about
+/// to wait (a `Sleep` the loop keeps pinned and resets only when the
+/// deadline moved). For the ledger's time bound, a busy loop neither polls
+/// nor re-registers the timer per delivery.
+pub(super) struct Timer<'p> {
     sleep: Pin<&'p mut Sleep>,
     deadline: Option<tokio::time::Instant>,
 }
 
-impl<'p> HoldTimer<'p> {
+impl<'p> Timer<'p> {
     pub(super) fn new(sleep: Pin<&'p mut Sleep>) -> Self {
         Self {
             sleep,
@@ -117,38 +117,11 @@ impl<'p> HoldTimer<'p> {
         }
         self.sleep.as_mut().poll(cx).is_ready()
     }
-}
 
-/// A timer armed when a wait starts and disarmed when it is over (a
-/// `Sleep` the loop keeps pinned and resets).
-pub(super) struct Timer<'p> {
-    sleep: Pin<&'p mut Sleep>,
-    armed: bool,
-}
-
-impl<'p> Timer<'p> {
-    pub(super) fn new(sleep: Pin<&'p mut Sleep>) -> Self {
-        Self {
-            sleep,
-            armed: false,
-        }
-    }
-
-    /// Arms the timer to fire `after` from now unless it is armed, and
-    /// polls it: whether it fired.
-    fn fired(&mut self, after: Duration, cx: &mut Context<'_>) -> bool {
-        if !self.armed {
-            self.sleep
-                .as_mut()
-                .reset(tokio::time::Instant::now() + after);
-            self.armed = true;
-        }
-        self.sleep.as_mut().poll(cx).is_ready()
-    }
-
-    /// The wait is over: the next one arms it afresh.
-    fn disarm(&mut self) {
-        self.armed = false;
+    /// Sets the deadline `after` from now unless one is set, and waits
+    /// for it: whether it has passed.
+    fn fired_after(&mut self, after: Duration, cx: &mut Context<'_>) -> bool {
+        self.passed(after) || self.fired(cx)
     }
 }
 
@@ -301,7 +274,7 @@ where
                 );
                 return true;
             }
-            if !self.check.fired(CHANNEL_CHECK, cx) {
+            if !self.check.fired_after(CHANNEL_CHECK, cx) {
                 return false;
             }
             self.check.disarm();

@@ -18,7 +18,7 @@ use tracing::debug;
 use super::generation::{End, Generation};
 use super::handler::Released;
 use super::phase::Phase;
-use super::rounds::{HoldTimer, Rounds, Timer};
+use super::rounds::{Rounds, Timer};
 use super::stats::{LoopGauge, OutcomeCounters, QueueStats};
 use super::strikes::Started;
 use super::struck::Struck;
@@ -135,7 +135,7 @@ where
             stop_watch: Watched::new(),
             cancel_answered,
             handlers_cancelled: Some(handlers_cancelled),
-            hold: HoldTimer::new(timer),
+            hold: Timer::new(timer),
             check: Timer::new(check),
         };
         poll_fn(|cx| rounds.poll(cx, Generation::poll_start)).await;
