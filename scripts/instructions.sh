@@ -49,7 +49,7 @@ task = {
 print(f"{kind}: {total / n:,.0f} instructions a delivery in the whole process"
       + (f", {find(task) / n:,.0f} in the consumer's task" if task else ""))
 for label, pattern in [
-    ('  starting handlers (conversion, span, the stack\'s call)', r'Generation<S>::poll_start$'),
+    ('  starting handlers (conversion, span, the stack\'s call)', r'Generation<S>::start$'),
     ('  polling handlers (the stack\'s futures, the handler inlined)', r'cancel::slots::Slots<F> as futures_core::stream::Stream>::poll_next$'),
     ('  reading lapin\'s consumer', r'<lapin::consumer::Consumer as futures_core::stream::Stream>::poll_next$'),
 ]:

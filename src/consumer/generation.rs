@@ -5,12 +5,12 @@
 //! life is its [`Phase`].
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use acemq_layers::cancel::Slots;
 use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use lapin::Channel;
 use tokio::sync::oneshot;
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::handler::{start_handler, Finished, Released};
+use super::handler::{start_handler, Finished, Handling, Released};
 use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
@@ -224,8 +224,12 @@ where
         }
     }
 
-    /// A handler finished.
-    pub(super) fn finished(&mut self, (decision, tag, started, held): Finished) {
+    /// A handler finished (collected `now`).
+    pub(super) fn finished(
+        &mut self,
+        (decision, tag, started, held): Finished,
+        now: tokio::time::Instant,
+    ) {
         let key = self.started.remove(tag);
         if held {
             self.held_handed_back(tag);
@@ -240,7 +244,8 @@ where
         // Intake stopped (the phase, not the token: its state is behind a
         // lock). An outcome of a lost generation never gets here.
         let draining = self.phase.is_stopping();
-        record(&self.outcomes, self.stats, draining, &decision, started);
+        let took = now.into_std().saturating_duration_since(started);
+        record(&self.outcomes, self.stats, draining, &decision, took);
         if let Decision::DeadLetter(d) = &decision {
             if !d.published && !self.dead_letter {
                 warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
@@ -311,14 +316,17 @@ where
     }
 
     /// Starts the next buffered delivery if the stack is ready (its claim
-    /// point has a concurrency permit, or an outer layer takes it to hold).
-    /// `Ready(None)` when nothing can start now.
-    pub(super) fn poll_start(
+    /// point has a concurrency permit, or an outer layer takes it to hold),
+    /// its future written straight into a slot of `handlers` (a handler's
+    /// future is large: moved through a return value, it was copied once
+    /// per step). Whether one started.
+    pub(super) fn start(
         &mut self,
+        handlers: &mut Slots<Handling<S::Future>>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<impl Future<Output = Finished> + Send + 'static>> {
+    ) -> bool {
         if !self.may_start() {
-            return Poll::Ready(None);
+            return false;
         }
         if !self.ready {
             match self.service.poll_ready(cx) {
@@ -329,20 +337,20 @@ where
                     self.buffer.clear();
                     self.force_flush = true;
                     self.end(End::ServiceFailed(e.to_string()));
-                    return Poll::Ready(None);
+                    return false;
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => return false,
             }
         }
         let Some((delivery, received)) = self.buffer.pop_front() else {
-            return Poll::Ready(None);
+            return false;
         };
         self.ready = false;
         let tag = delivery.delivery_tag();
-        let handler = start_handler(&mut self.service, self.queue, delivery);
+        handlers.push(start_handler(&mut self.service, self.queue, delivery));
         let key = self.service.take_last_key();
         self.started.insert(tag, received, key);
-        Poll::Ready(Some(handler))
+        true
     }
 
     /// Publishes the buffered and unsettled gauges (`settling`: settles

@@ -18,7 +18,7 @@ use tower::Service;
 use tracing::debug;
 
 use super::generation::Generation;
-use super::handler::{Finished, Released};
+use super::handler::{Handling, Released};
 use super::phase::Phase;
 use super::watched::Watched;
 use crate::settle::wire::Writer;
@@ -37,14 +37,12 @@ const CHANNEL_CHECK: Duration = Duration::from_millis(100);
 ///
 /// `'a` is what the generation borrows (and the settles with it), `'p` the
 /// loop's pinned futures and stream, `'w` the tokens those futures watch.
-/// `H` is a handler's future; it has no name, so [`poll`](Self::poll) is
-/// handed the function that makes one.
 /// Fields drop in the order the loop's locals always did: settles,
 /// handlers, then the state.
-pub(super) struct Rounds<'a, 'p, 'w, S, H> {
+pub(super) struct Rounds<'a, 'p, 'w, S: Service<Delivery>> {
     /// Settle frames on the wire, queued in the ledger's order.
     pub(super) settles: Writer<'a, &'a Channel>,
-    pub(super) handlers: Slots<H>,
+    pub(super) handlers: Slots<Handling<S::Future>>,
     /// The queue's concurrency: how many handlers that finish at once one
     /// round may start (see [`start_handlers`](Self::start_handlers)).
     pub(super) concurrency: usize,
@@ -67,6 +65,10 @@ pub(super) struct Rounds<'a, 'p, 'w, S, H> {
     pub(super) hold: Timer<'p>,
     /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
     pub(super) check: Timer<'p>,
+    /// The clock as last read in this round, when handlers were
+    /// collected: the ledger's time bound is checked against it (one
+    /// reading a delivery where there were two).
+    pub(super) now: Option<tokio::time::Instant>,
 }
 
 /// A deadline set when a wait starts and cleared when it is over, checked
@@ -90,7 +92,11 @@ impl<'p> Timer<'p> {
     /// Sets the deadline `after` from now unless one is set; whether it
     /// has passed.
     fn passed(&mut self, after: Duration) -> bool {
-        let now = tokio::time::Instant::now();
+        self.passed_at(tokio::time::Instant::now(), after)
+    }
+
+    /// [`passed`](Self::passed), the clock read as `now`.
+    fn passed_at(&mut self, now: tokio::time::Instant, after: Duration) -> bool {
         match self.deadline {
             None => {
                 self.deadline = Some(now + after);
@@ -125,24 +131,18 @@ impl<'p> Timer<'p> {
     }
 }
 
-impl<'a, S, H> Rounds<'a, '_, '_, S, H>
+impl<S> Rounds<'_, '_, '_, S>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
-    H: Future<Output = Finished>,
 {
     /// Runs rounds until the loop is finished (`Ready`), a round makes no
     /// progress, or the budget is spent (then it wakes itself first).
-    /// `start` is [`Generation::poll_start`].
-    pub(super) fn poll(
-        &mut self,
-        cx: &mut Context<'_>,
-        mut start: impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
-    ) -> Poll<()> {
+    pub(super) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut budget = POLL_BUDGET;
         self.st.connected = None;
         loop {
-            let progressed = self.round(cx, &mut start);
+            let progressed = self.round(cx);
             if self.finished() {
                 return Poll::Ready(());
             }
@@ -169,11 +169,8 @@ where
     }
 
     /// One round: every step once, in this order; whether any progressed.
-    fn round(
-        &mut self,
-        cx: &mut Context<'_>,
-        start: &mut impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
-    ) -> bool {
+    fn round(&mut self, cx: &mut Context<'_>) -> bool {
+        self.now = None;
         let mut progressed = self.notice_stop(cx);
         progressed |= self.notice_cancel_answered(cx);
         progressed |= self.notice_handlers_cancelled(cx);
@@ -181,7 +178,7 @@ where
         progressed |= self.watch_channel(cx);
         progressed |= self.collect_finished(cx) > 0;
         progressed |= self.hand_back();
-        progressed |= self.start_handlers(cx, start);
+        progressed |= self.start_handlers(cx);
         self.flush_ledger();
         progressed |= self.send_settles(cx);
         progressed |= self.poll_settles(cx);
@@ -239,9 +236,10 @@ where
         while self.st.reading {
             let consumer = &mut *self.consumer;
             match self.reader.poll(cx, |cx| consumer.poll_next_unpin(cx)) {
-                Poll::Ready(Some(Ok(mut raw))) => self
-                    .st
-                    .receive(&mut raw, *now.get_or_insert_with(Instant::now)),
+                // Converted where lapin returned it (not moved out first).
+                Poll::Ready(Some(Ok(ref mut raw))) => {
+                    self.st.receive(raw, *now.get_or_insert_with(Instant::now))
+                }
                 Poll::Ready(Some(Err(e))) => self.st.lose(e),
                 Poll::Ready(None) => self.st.stream_ended(),
                 Poll::Pending => break,
@@ -282,12 +280,17 @@ where
     }
 
     /// Finished handlers: record, then settle (through the ledger). How
-    /// many.
+    /// many. The clock is read once for what finished together.
     fn collect_finished(&mut self, cx: &mut Context<'_>) -> usize {
         let mut finished = 0;
+        let mut now = None;
         while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
-            self.st.finished(done);
+            let at = *now.get_or_insert_with(tokio::time::Instant::now);
+            self.st.finished(done, at);
             finished += 1;
+        }
+        if now.is_some() {
+            self.now = now;
         }
         finished
     }
@@ -328,18 +331,13 @@ where
     /// the ledger's time bound is checked between rounds (on a loop kept
     /// busy by CPU-bound handlers, starting on through the whole buffer
     /// would hold finished outcomes for a prefetch's worth of work).
-    fn start_handlers(
-        &mut self,
-        cx: &mut Context<'_>,
-        start: &mut impl FnMut(&mut Generation<'a, S>, &mut Context<'_>) -> Poll<Option<H>>,
-    ) -> bool {
+    fn start_handlers(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progressed = false;
         let mut finished = 0;
         while finished < self.concurrency {
-            let Poll::Ready(Some(fut)) = start(&mut self.st, cx) else {
+            if !self.st.start(&mut self.handlers, cx) {
                 break;
-            };
-            self.handlers.push(fut);
+            }
             finished += self.collect_finished(cx);
             progressed = true;
         }
@@ -362,9 +360,15 @@ where
             // every few dozen task polls, so a loop kept busy by a
             // saturated queue could otherwise hold a run well past its
             // bound (seen: 16 ms against 2 ms). Every round that holds
-            // acknowledgements reads the clock; tokio's timer is set only
-            // when the loop is about to wait (see `hold_fired`).
-            if !force && self.hold.passed(st.ledger.delay()) {
+            // acknowledgements reads the clock (or takes the reading made
+            // when this round collected handlers); tokio's timer is set
+            // only when the loop is about to wait (see `hold_fired`).
+            if !force
+                && self.hold.passed_at(
+                    self.now.unwrap_or_else(tokio::time::Instant::now),
+                    st.ledger.delay(),
+                )
+            {
                 force = true;
             }
             st.ledger.flush(force, &mut st.ops);

@@ -137,8 +137,9 @@ where
             handlers_cancelled: Some(handlers_cancelled),
             hold: Timer::new(timer),
             check: Timer::new(check),
+            now: None,
         };
-        poll_fn(|cx| rounds.poll(cx, Generation::poll_start)).await;
+        poll_fn(|cx| rounds.poll(cx)).await;
         rounds.st.publish_gauges(0);
         close_unless_draining(&channel, &intake).await;
         debug!(queue = %queue, "consumer loop finished");

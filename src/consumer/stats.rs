@@ -2,7 +2,7 @@
 //! drain and the health handle, and the metric handles one loop updates.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::Duration;
 
 use acemq_layers::Decision;
 use metrics::Counter;
@@ -103,15 +103,16 @@ impl Drop for LoopGauge<'_> {
 }
 
 /// Updates the counters and metrics for a finished handler (`draining`:
-/// intake had stopped when it finished).
+/// intake had stopped when it finished; `took`: from its start, or its
+/// release by the pause gate, to its collection).
 pub(super) fn record(
     outcomes: &OutcomeCounters,
     stats: &QueueStats,
     draining: bool,
     decision: &Decision,
-    started: Instant,
+    took: Duration,
 ) {
-    outcomes.duration.record(started.elapsed().as_secs_f64());
+    outcomes.duration.record(took.as_secs_f64());
     stats.handled.fetch_add(1, Ordering::Relaxed);
     if draining && !matches!(decision, Decision::HandBack | Decision::Abandoned) {
         stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
