@@ -65,9 +65,10 @@ pub(super) struct Rounds<'a, 'p, 'w, S: Service<Delivery>> {
     pub(super) hold: Timer<'p>,
     /// The next look at the channel's status (see [`CHANNEL_CHECK`]).
     pub(super) check: Timer<'p>,
-    /// The clock as last read in this round, when handlers were
-    /// collected: the ledger's time bound is checked against it (one
-    /// reading a delivery where there were two).
+    /// The clock as read when this round's last handler finished, while
+    /// no handler has run since (none was left running): the ledger's time
+    /// bound is checked against it (at concurrency 1, one reading a
+    /// delivery where there were two).
     pub(super) now: Option<tokio::time::Instant>,
 }
 
@@ -280,17 +281,22 @@ where
     }
 
     /// Finished handlers: record, then settle (through the ledger). How
-    /// many. The clock is read once for what finished together.
+    /// many.
     fn collect_finished(&mut self, cx: &mut Context<'_>) -> usize {
-        let mut finished = 0;
-        let mut now = None;
-        while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
-            let at = *now.get_or_insert_with(tokio::time::Instant::now);
-            self.st.finished(done, at);
-            finished += 1;
+        if self.handlers.is_empty() {
+            return 0;
         }
-        if now.is_some() {
-            self.now = now;
+        // Handlers run now: a reading of the clock before is stale.
+        self.now = None;
+        let mut finished = 0;
+        while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
+            let now = tokio::time::Instant::now();
+            self.st.finished(done, now);
+            finished += 1;
+            // The last one out: nothing runs after this reading.
+            if self.handlers.is_empty() {
+                self.now = Some(now);
+            }
         }
         finished
     }
