@@ -69,7 +69,7 @@ pub(super) struct Rounds<'a, 'p, 'w, S: Service<Delivery>> {
     /// no handler has run since (none was left running): the ledger's time
     /// bound is checked against it (at concurrency 1, one reading a
     /// delivery where there were two).
-    pub(super) now: Option<tokio::time::Instant>,
+    pub(super) finished_at: Option<tokio::time::Instant>,
 }
 
 /// A deadline set when a wait starts and cleared when it is over, checked
@@ -171,7 +171,7 @@ where
 
     /// One round: every step once, in this order; whether any progressed.
     fn round(&mut self, cx: &mut Context<'_>) -> bool {
-        self.now = None;
+        self.finished_at = None;
         let mut progressed = self.notice_stop(cx);
         progressed |= self.notice_cancel_answered(cx);
         progressed |= self.notice_handlers_cancelled(cx);
@@ -287,7 +287,7 @@ where
             return 0;
         }
         // Handlers run now: a reading of the clock before is stale.
-        self.now = None;
+        self.finished_at = None;
         let mut finished = 0;
         while let Poll::Ready(Some(done)) = self.handlers.poll_next_unpin(cx) {
             let now = tokio::time::Instant::now();
@@ -295,7 +295,7 @@ where
             finished += 1;
             // The last one out: nothing runs after this reading.
             if self.handlers.is_empty() {
-                self.now = Some(now);
+                self.finished_at = Some(now);
             }
         }
         finished
@@ -366,12 +366,13 @@ where
             // every few dozen task polls, so a loop kept busy by a
             // saturated queue could otherwise hold a run well past its
             // bound (seen: 16 ms against 2 ms). Every round that holds
-            // acknowledgements reads the clock (or takes the reading made
-            // when this round collected handlers); tokio's timer is set
-            // only when the loop is about to wait (see `hold_fired`).
+            // acknowledgements reads the clock (or takes `finished_at`, the
+            // reading made when the last running handler finished); tokio's
+            // timer is set only when the loop is about to wait (see
+            // `hold_fired`).
             if !force
                 && self.hold.passed_at(
-                    self.now.unwrap_or_else(tokio::time::Instant::now),
+                    self.finished_at.unwrap_or_else(tokio::time::Instant::now),
                     st.ledger.delay(),
                 )
             {

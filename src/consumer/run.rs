@@ -137,7 +137,7 @@ where
             handlers_cancelled: Some(handlers_cancelled),
             hold: Timer::new(timer),
             check: Timer::new(check),
-            now: None,
+            finished_at: None,
         };
         poll_fn(|cx| rounds.poll(cx)).await;
         rounds.st.publish_gauges(0);
