@@ -12,52 +12,71 @@
 //! # Where things live
 //!
 //! The crate is filed by concern, each room depending only on those above
-//! it in this list (`docs/architecture.md` draws it):
+//! it in this list, never on one below (`docs/architecture.md` draws it;
+//! `tests/rooms.rs` checks it):
 //!
 //! - `config`: the schema, its validation and errors, durations, broker
 //!   addresses as data, exchanges and bindings as data;
-//! - `amqp`: everything that speaks to the broker — [`connection`],
-//!   [`topology`], [`publisher`], `convert` (lapin to acemq types), the
-//!   delivery's span and trace context;
+//! - small tools that depend on no room: `sync` (a poisoned lock taken as
+//!   it is), `backoff` (full jitter, for reconnects and the outbox relay),
+//!   `fan_out` (many independent broker calls at once), [`log`] (filter
+//!   directives);
+//! - [`connection`]: connecting, each role's live connection, TLS, why a
+//!   connect failed, and the one bounded close for channels and for
+//!   connections;
+//! - `convert` (lapin's types to acemq's) and `telemetry` (the delivery's
+//!   `process` span and its trace context);
+//! - [`topology`]: what to declare, and declaring it;
+//! - `publish`: the [`Publisher`] with its methods ([`publisher`],
+//!   [`delay`]), and what the layers publish through it;
+//! - [`rpc`]: request/reply, built on the publisher (it adds
+//!   `Publisher::rpc_client`; the publisher knows nothing of it);
+//! - with `postgres`, the [`outbox`] (it publishes through the publisher)
+//!   and the [`inbox`];
 //! - [`settle`]: the settle ledger, the one writer of settle frames, and the
 //!   public [`Settler`];
 //! - `consumer`: one generation's consumer loop and its counters;
+//! - [`stack`] (the layers around a handler) and [`batch`];
 //! - [`app`]: the runner — the builder, start-up, the supervisor, the
 //!   [`drain`], [`health`], signals and exit codes;
 //! - `ops`: what operators reach for — the [`admin`] router, [`replay`];
-//! - [`stack`] (the layers around a handler), [`testing`] (its in-memory
-//!   harness), and, with `postgres`, the [`outbox`] and [`inbox`].
+//! - [`testing`]: the in-memory harness of the exact stack `App` builds.
 //!
 //! Start with the README's quickstart (compiled as a doctest) and the
 //! service in `examples/shop/main.rs`; every public item's docs carry an
 //! example or point to a runnable one in `examples/`.
 
-mod amqp;
 pub mod app;
+mod backoff;
 pub mod batch;
 pub mod config;
+pub mod connection;
 mod consumer;
+#[doc(hidden)]
+pub mod convert;
+mod fan_out;
 #[cfg(feature = "postgres")]
 pub mod inbox;
 pub mod log;
 mod ops;
 #[cfg(feature = "postgres")]
 pub mod outbox;
+mod publish;
 pub mod rpc;
 pub mod settle;
 pub mod stack;
 mod sync;
+mod telemetry;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod topology;
 
 // The public paths, kept where users found them.
-#[doc(hidden)]
-pub use amqp::convert;
-pub use amqp::{connection, delay, publisher, topology};
 pub use app::{drain, health};
 #[cfg(feature = "axum")]
 pub use ops::admin;
 pub use ops::replay;
+pub use publish::{delay, publisher};
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{

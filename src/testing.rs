@@ -351,7 +351,7 @@ impl TestQueue {
     {
         let publisher = RecordingPublisher::default();
         publisher.inner.locked().known = Some(
-            crate::amqp::topology::Topology::for_queue(&queue)
+            crate::topology::Topology::for_queue(&queue)
                 .into_iter()
                 .map(|d| d.name)
                 .collect(),

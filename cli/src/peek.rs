@@ -16,6 +16,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use acemq::connection::{close_channel, close_connection};
 use acemq::convert::headers_from_table;
 use acemq::lapin::message::BasicGetMessage;
 use acemq::lapin::options::{BasicGetOptions, QueueDeclareOptions};
@@ -205,7 +206,7 @@ pub(crate) async fn peek(
         messages: Vec::new(),
     };
     let result = take_and_give_back(&conn, args, &mut report).await;
-    let _ = conn.close(200, "OK".into()).await;
+    let _ = close_connection(&conn, "OK").await;
     result?;
     if json {
         crate::output::json(&report);
@@ -283,7 +284,7 @@ async fn take_and_give_back(
     // see the module docs for why not a nack). Were the close to fail, the
     // connection's close right after gives them back the same way.
     if ch.status().connected() {
-        if let Err(e) = ch.close(200, "OK".into()).await {
+        if let Err(e) = close_channel(&ch, "OK").await {
             failed.get_or_insert_with(|| {
                 Failure::unavailable(format!(
                     "could not close the channel that holds the {} messages taken ({e}); \

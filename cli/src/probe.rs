@@ -19,6 +19,7 @@
 //! it.
 
 use acemq::config::ExchangeKind;
+use acemq::connection::close_channel;
 use acemq::lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use acemq::lapin::types::FieldTable;
 use acemq::lapin::{Channel, Connection, ErrorKind, ExchangeKind as LapinKind};
@@ -229,7 +230,7 @@ impl<'a> Prober<'a> {
     pub(crate) async fn close(self) {
         if let Some(ch) = self.channel {
             if ch.status().connected() {
-                let _ = ch.close(200, "OK".into()).await;
+                let _ = close_channel(&ch, "OK").await;
             }
         }
     }

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use acemq::connection::close_connection;
 use acemq::topology::Topology;
 use serde::Serialize;
 
@@ -113,7 +114,7 @@ pub(crate) async fn queues(
         rows.push(row);
     }
     prober.close().await;
-    let _ = conn.close(200, "OK".into()).await;
+    let _ = close_connection(&conn, "OK").await;
     if let Some(e) = failed {
         return Err(e);
     }

@@ -4,6 +4,7 @@
 //! acknowledged in the dead-letter queue, so a replay killed half-way loses
 //! nothing (at worst one message is in both queues).
 
+use acemq::connection::close_connection;
 use acemq::lapin::Connection;
 use acemq::replay::{replay_on, ReplayError, ReplayOptions, ReplayReport};
 use serde::Serialize;
@@ -78,7 +79,7 @@ pub(crate) async fn replay(
         Ok(replay_on(&conn, &queue, options).await)
     }
     .await;
-    let _ = conn.close(200, "OK".into()).await;
+    let _ = close_connection(&conn, "OK").await;
     match result? {
         Ok(report) => {
             print(&report, &broker, None, json);

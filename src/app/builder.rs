@@ -12,11 +12,11 @@ use tower::{Layer, Service};
 use super::error::start_failed;
 use super::generation::{StartCtx, Starter};
 use super::signals::Signals;
-use crate::amqp::connection::{ConnectRequest, ConnectionFactory, ConnectionRole};
-use crate::amqp::live::LiveConnections;
-use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
 use crate::config::Config;
+use crate::connection::LiveConnections;
+use crate::connection::{ConnectRequest, ConnectionFactory, ConnectionRole};
+use crate::publisher::Publisher;
 use crate::stack::QueueStack;
 
 /// Builds and runs the consumers of a [`Config`].

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use tracing::{error, info};
 
 use super::exit::{EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE};
-use crate::amqp::connection::ConnectError;
-use crate::amqp::topology::TopologyError;
 use crate::config::ConfigError;
+use crate::connection::ConnectError;
+use crate::topology::TopologyError;
 
 /// Why the runner could not start. No consumer was started.
 ///

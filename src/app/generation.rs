@@ -11,10 +11,10 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
-use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
 use crate::consumer::{ConsumerLoop, End, QueueStats, Released};
+use crate::publisher::Publisher;
 use crate::settle::ledger::Bounds;
 use crate::stack::Parts;
 

@@ -17,8 +17,8 @@ use std::sync::{Arc, RwLock};
 use acemq_layers::{InFlightCounter, PauseHandle};
 use serde::Serialize;
 
-use crate::amqp::connection::ConnectionRole;
-use crate::amqp::live::{Live, LiveConnections};
+use crate::connection::ConnectionRole;
+use crate::connection::{Live, LiveConnections};
 use crate::consumer::QueueStats;
 
 /// A cloneable handle on the process's readiness and per-queue state.

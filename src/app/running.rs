@@ -7,9 +7,9 @@ use tracing::{info, warn};
 
 use super::exit::finish;
 use super::signals::Signals;
-use crate::amqp::publisher::Publisher;
 use crate::app::drain::{Drain, DrainReport, DrainTimeout};
 use crate::app::health::Health;
+use crate::publisher::Publisher;
 
 /// A started runner: consumers running, topology declared.
 ///

@@ -18,16 +18,17 @@ use super::error::StartError;
 use super::generation::Starter;
 use super::running::Running;
 use super::supervisor::{self, Opened, QueueSlot, Shared};
-use crate::amqp::connection::{
-    connect_any_via, redact, ConnectOptions, ConnectionFactory, ConnectionRole, Via,
-};
-use crate::amqp::publisher::Publisher;
-use crate::amqp::topology::Topology;
 use crate::app::drain::{Background, Drain, Link};
 use crate::app::health::Health;
 use crate::config::address::resolve_checked_addresses;
 use crate::config::{Config, ConfigError};
+use crate::connection::{
+    close_connection, connect_any_via, redact, ConnectOptions, ConnectionFactory, ConnectionRole,
+    Via,
+};
 use crate::consumer::QueueStats;
+use crate::publisher::Publisher;
+use crate::topology::Topology;
 
 impl App {
     /// Connects, declares the topology, then starts the consumers (never
@@ -65,8 +66,10 @@ impl App {
         let started = connect_until(&plan, &health, stop.as_mut()).await?;
         let consume_conn = started.consume_conn;
         let publish_conn = started.publish_conn;
-        // Nothing below awaits: once the consumers are spawned, `Running`
-        // exists to drain them.
+        // From here start-up waits on the broker only to close both
+        // connections when building a queue's handler stack panics (start
+        // then fails); otherwise it runs through: once the consumers are
+        // spawned, `Running` exists to drain them.
         publisher.set_topology(started.topology.clone());
         let slots = queue_slots(&plan.config, starters, &batches, &health);
         // The supervisor's cells get their first connections (health reads
@@ -221,8 +224,7 @@ async fn connect_until(
         Ok(v) => Ok(v),
         Err(e) => {
             for c in opened {
-                let _ =
-                    tokio::time::timeout(crate::amqp::CLOSE_BOUND, c.close(200, "OK".into())).await;
+                let _ = close_connection(&c, "OK").await;
             }
             Err(e)
         }
@@ -297,7 +299,7 @@ async fn open_first_generations(
     connection: &lapin::Connection,
 ) -> Result<Vec<Opened>, StartError> {
     // Many at once, each on a channel of its own; in the config's order.
-    crate::amqp::fan_out::in_order(&plan.config.queues, |q| async move {
+    crate::fan_out::in_order(&plan.config.queues, |q| async move {
         supervisor::open(&plan.name, q, connection)
             .await
             .map_err(|e| StartError::Consume {
@@ -361,9 +363,7 @@ async fn install_first_generations(
             Err(panic) => {
                 shared.intake.cancel();
                 for c in connections {
-                    let _ =
-                        tokio::time::timeout(crate::amqp::CLOSE_BOUND, c.close(200, "OK".into()))
-                            .await;
+                    let _ = close_connection(c, "OK").await;
                 }
                 return Err(StartError::Config(ConfigError::invalid(
                     format!("queues[{index}]"),

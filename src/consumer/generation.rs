@@ -23,8 +23,8 @@ use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
 use super::strikes::{Started, Timeout};
 use super::struck::Struck;
-use crate::amqp::convert::delivery_taken_from_lapin;
 use crate::config::PrefetchPolicy;
+use crate::convert::delivery_taken_from_lapin;
 use crate::settle::ledger::{Bounds, Frame, Ledger, Settlement};
 
 /// Why a generation stopped consuming (told to its queue's runner the

@@ -48,7 +48,7 @@ where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
     S::Future: Released + Send + 'static,
 {
-    let span = crate::amqp::span::process_span(queue, &delivery);
+    let span = crate::telemetry::process_span(queue, &delivery);
     let started = Instant::now();
     let held = delivery.clone();
     let fut = span.in_scope(|| service.call(delivery));
@@ -111,7 +111,7 @@ where
                 })
             }
         };
-        crate::amqp::span::record_decision(this.span, &decision);
+        crate::telemetry::record_decision(this.span, &decision);
         Poll::Ready((decision, tag, started, false))
     }
 }

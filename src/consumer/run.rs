@@ -152,7 +152,6 @@ async fn close_unless_draining(channel: &Channel, intake: &CancellationToken) {
     if channel.status().connected() && !intake.is_cancelled() {
         // Every settle is done: closing returns what the broker sent
         // ahead and what was abandoned.
-        let _ =
-            tokio::time::timeout(crate::amqp::CLOSE_BOUND, channel.close(200, "OK".into())).await;
+        let _ = crate::connection::close_channel(channel, "OK").await;
     }
 }

@@ -306,7 +306,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::amqp::connection::ConnectionRole;
+    use crate::connection::ConnectionRole;
     use crate::consumer::QueueStats;
 
     fn health_with(queues: &[&str]) -> (Health, Vec<PauseHandle>) {

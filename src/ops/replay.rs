@@ -59,8 +59,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Confirmation, Connection};
 
-use crate::amqp::connection::{connect, redact, ConnectError};
-use crate::amqp::convert::{headers_from_table, properties_from_lapin, properties_to_lapin};
+use crate::connection::{close_channel, close_connection, connect, redact, ConnectError};
+use crate::convert::{headers_from_table, properties_from_lapin, properties_to_lapin};
 
 /// What to replay.
 ///
@@ -208,7 +208,7 @@ pub async fn replay_dead_letters(
     tracing::info!(broker = %redact(addr), queue, "connecting to replay dead letters");
     let connection = connect(addr, &name, CONNECT_TIMEOUT).await?;
     let result = replay_on(&connection, queue, options).await;
-    let _ = connection.close(200, "OK".into()).await;
+    let _ = close_connection(&connection, "OK").await;
     result
 }
 
@@ -283,8 +283,8 @@ pub async fn replay_on(
     let result = run(&get, &publish, queue, &dlq, &options, budget, &mut report).await;
     // Give the skipped messages back (closing the channel requeues every
     // message it holds unacknowledged, in order).
-    let _ = get.close(200, "OK".into()).await;
-    let _ = publish.close(200, "OK".into()).await;
+    let _ = close_channel(&get, "OK").await;
+    let _ = close_channel(&publish, "OK").await;
     result.map(|()| {
         tracing::info!("{report}");
         report

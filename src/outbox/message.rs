@@ -6,7 +6,7 @@ use std::sync::Arc;
 use acemq_layers::{Headers, Properties, Value};
 use bytes::Bytes;
 
-use crate::amqp::convert::{headers_from_table, table_from_headers};
+use crate::convert::{headers_from_table, table_from_headers};
 
 /// An outgoing message: where it goes, its body, headers and properties.
 ///

@@ -8,8 +8,8 @@ use std::time::Duration;
 use acemq_layers::PublishError;
 
 use super::message::OutboxRecord;
-use crate::amqp::connection::connect;
-use crate::amqp::topology::Topology;
+use crate::connection::{close_connection, connect};
+use crate::topology::Topology;
 use crate::Publisher;
 
 /// Publishes one outbox record with a publisher confirm, `mandatory` set.
@@ -65,7 +65,7 @@ pub struct StandalonePublisher {
 impl std::fmt::Debug for StandalonePublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StandalonePublisher")
-            .field("broker", &crate::amqp::connection::redact(&self.addr))
+            .field("broker", &crate::connection::redact(&self.addr))
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -101,7 +101,7 @@ impl StandalonePublisher {
     pub async fn close(&self) {
         if let Some((p, conn)) = self.current.lock().await.take() {
             p.close();
-            let _ = conn.close(200, "OK".into()).await;
+            let _ = close_connection(&conn, "OK").await;
         }
     }
 }
@@ -117,7 +117,7 @@ impl OutboxPublish for StandalonePublisher {
             if current.as_ref().is_some_and(|(_, c)| Arc::ptr_eq(c, &used)) {
                 *current = None;
                 drop(current);
-                let _ = used.close(200, "OK".into()).await;
+                let _ = close_connection(&used, "OK").await;
             }
         }
         result

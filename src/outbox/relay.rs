@@ -19,7 +19,7 @@ use super::batch;
 use super::error::OutboxError;
 use super::publish::OutboxPublish;
 use super::stats::{RelayStats, Stats};
-use crate::amqp::backoff::Backoff;
+use crate::backoff::Backoff;
 
 /// The relay's settings. Every field has a default, stated on it.
 ///

@@ -17,8 +17,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use super::{Reply, RpcError, RpcRequest, REPLY_TO};
-use crate::amqp::live::Live;
+use super::call::{Reply, RpcError, RpcRequest, REPLY_TO};
+use crate::connection::Live;
+use crate::publisher::Publisher;
 
 type Pending = HashMap<String, oneshot::Sender<Result<Reply, RpcError>>>;
 
@@ -372,5 +373,16 @@ impl tower::Service<RpcRequest> for RpcClient {
     fn call(&mut self, request: RpcRequest) -> Self::Future {
         let client = self.clone();
         Box::pin(async move { client.call(request).await })
+    }
+}
+
+// The publisher's one method outside its room: request/reply is built on
+// the publisher, which knows nothing of it.
+impl Publisher {
+    /// A request/reply client on the publishing connection (it follows the
+    /// reconnects). See [`crate::rpc`].
+    pub fn rpc_client(&self) -> RpcClient {
+        let (connection, wait) = self.connection_watch();
+        RpcClient::on(connection, wait)
     }
 }

@@ -4,13 +4,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use acemq_layers::dead_letter::{ATTEMPTS_HEADER, ERROR_HEADER, QUEUE_HEADER, REASON_HEADER};
-use acemq_layers::{BoxError, Delivery, ErrorReply, Headers, Properties, PublishError, Value};
+use acemq_layers::{BoxError, Delivery};
 use lapin::BasicProperties;
 use tower::Service;
 use tracing::debug;
 
-use crate::amqp::publisher::Publisher;
+use crate::publisher::Publisher;
 
 /// Wraps a service that answers a [`Delivery`] with a reply body into one
 /// that [`App::consume`](crate::App::consume) takes: on success the reply is
@@ -69,34 +68,4 @@ where
             Ok(())
         })
     }
-}
-
-/// Publishes the error reply of a request being dead-lettered, in the wire
-/// format of the [module docs](crate::rpc#error-replies): to `reply_to`
-/// through the default exchange with the request's `correlation_id`,
-/// confirmed, not mandatory; the reason and the error in headers, the
-/// error's text as the body.
-pub(crate) async fn send_error_reply(
-    publisher: &Publisher,
-    reply: ErrorReply<'_>,
-) -> Result<(), PublishError> {
-    let decision = reply.decision;
-    let mut headers = Headers::new();
-    headers.insert(REASON_HEADER, decision.reason.as_str());
-    headers.insert(ERROR_HEADER, decision.error.as_str());
-    headers.insert(ATTEMPTS_HEADER, Value::I64(decision.attempts.into()));
-    headers.insert(QUEUE_HEADER, reply.delivery.queue());
-    let mut properties = Properties::default();
-    properties.correlation_id = Some(reply.correlation_id.to_owned());
-    properties.content_type = Some("text/plain; charset=utf-8".to_owned());
-    let properties = crate::amqp::convert::properties_to_lapin(&properties, &headers);
-    publisher
-        .send_with(
-            "",
-            reply.reply_to,
-            decision.error.as_bytes(),
-            properties,
-            false,
-        )
-        .await
 }

@@ -18,8 +18,8 @@ use tracing::{debug, warn};
 use super::book::{deliveries, Book};
 use super::ledger::{Bounds, Frame, Settlement};
 use super::wire::Writer;
-use crate::amqp::convert::delivery_from_lapin_on;
 use crate::config::AckBatch;
+use crate::convert::delivery_from_lapin_on;
 
 /// How often the settler looks at its channel's status while deliveries
 /// are outstanding, so a channel lost while nothing settles is known (and

@@ -165,7 +165,7 @@ impl Logs {
             };
             let filter = tracing_subscriber::filter::Targets::new()
                 // Which address each connect attempt tried, and why it failed.
-                .with_target("acemq::amqp::connection", tracing::Level::DEBUG)
+                .with_target("acemq::connection", tracing::Level::DEBUG)
                 .with_target("acemq", tracing::Level::INFO)
                 .with_target("acemq_layers", tracing::Level::INFO)
                 .with_target("lapin", tracing::Level::WARN);

@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use acemq::connection::close_connection;
 use acemq::lapin::Connection;
 use acemq::topology::{Topology, TopologyError};
 
@@ -35,7 +36,7 @@ async fn plan_for(
     match plan {
         Ok(plan) => Ok((topology, conn, plan)),
         Err(e) => {
-            let _ = conn.close(200, "OK".into()).await;
+            let _ = close_connection(&conn, "OK").await;
             Err(e)
         }
     }
@@ -75,7 +76,7 @@ pub(crate) async fn plan(
     json: bool,
 ) -> Result<Exit, Failure> {
     let (_, conn, plan) = plan_for(config, amqp_addr, "topology plan").await?;
-    let _ = conn.close(200, "OK".into()).await;
+    let _ = close_connection(&conn, "OK").await;
     let differs = plan.has_differences();
     if json {
         crate::output::json(&serde_json::json!({
@@ -161,7 +162,7 @@ pub(crate) async fn apply(
 ) -> Result<Exit, Failure> {
     let (topology, conn, plan) = plan_for(config, amqp_addr, "topology apply").await?;
     if let Some(mut refused) = refusal(&plan) {
-        let _ = conn.close(200, "OK".into()).await;
+        let _ = close_connection(&conn, "OK").await;
         if json {
             crate::output::json(&serde_json::json!({
                 "broker": plan.broker,
@@ -178,7 +179,7 @@ pub(crate) async fn apply(
         return Err(refused);
     }
     let declared = topology.declare(&conn).await;
-    let _ = conn.close(200, "OK".into()).await;
+    let _ = close_connection(&conn, "OK").await;
     if let Err(e) = declared {
         let exit = match e {
             TopologyError::Conflict { .. }

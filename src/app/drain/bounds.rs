@@ -3,21 +3,14 @@
 
 use std::time::Duration;
 
-/// How long closing a channel or the connection may take before the drain
-/// moves on: the one close bound.
-pub(super) const CLOSE_TIMEOUT: Duration = crate::amqp::CLOSE_BOUND;
-
-/// The closes the drain awaits one after another, each within
-/// [`CLOSE_TIMEOUT`]: the consumer channels (together), the publisher's
-/// channel, the publishing connection, the consumers' connection.
-const CLOSES_AWAITED: u32 = 4;
+use super::closes::CLOSES_WORST_CASE;
 
 /// The longest a drain can take: `shutdown_timeout`, then `abandon_after`
 /// (and the grace the drain adds to it), then the close bounds: consumer
 /// channels (together), the publisher's channel, the publishing connection,
-/// the consumers' connection.
+/// the consumers' connection ([`super::closes::CLOSE_STEPS`]).
 pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
-    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * CLOSES_AWAITED
+    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSES_WORST_CASE
 }
 
 /// Added to `abandon_after` before the drain stops waiting for abandoned
@@ -34,7 +27,10 @@ mod tests {
         let worst = worst_case(&config);
         assert_eq!(
             worst,
-            config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSE_TIMEOUT * 4,
+            config.shutdown_timeout
+                + config.abandon_after
+                + ABANDON_GRACE
+                + crate::connection::CLOSE_BOUND * 4,
             "consumer channels, the publisher's channel, two connections"
         );
         assert!(

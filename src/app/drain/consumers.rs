@@ -11,8 +11,8 @@ use futures::future::join_all;
 use lapin::options::BasicCancelOptions;
 use tracing::warn;
 
-use super::bounds::CLOSE_TIMEOUT;
 use super::link::QueueHandle;
+use crate::connection::{close_channel, CLOSE_BOUND};
 
 /// `basic.cancel` on every consumer at once, within the deadline; what the
 /// broker did not answer. Sets `hurried` if `hurry` resolves first; when
@@ -71,16 +71,16 @@ pub(super) fn loops_not_finished(q: &QueueHandle) -> Option<String> {
 }
 
 /// Each channel closed, all at once; those the broker did not answer
-/// within [`CLOSE_TIMEOUT`].
+/// within [`CLOSE_BOUND`].
 pub(super) async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
     let closes = join_all(queues.iter().map(|q| async move {
         if q.channel.status().connected()
-            && tokio::time::timeout(CLOSE_TIMEOUT, q.channel.close(200, "OK".into()))
+            && close_channel(&q.channel, "OK")
                 .await
-                .is_err()
+                .is_err_and(|e| e.is_unanswered())
         {
             return Some(format!(
-                "{}: the broker did not answer channel.close within {CLOSE_TIMEOUT:?}",
+                "{}: the broker did not answer channel.close within {CLOSE_BOUND:?}",
                 q.name
             ));
         }

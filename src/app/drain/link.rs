@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use acemq_layers::PauseHandle;
 use lapin::Channel;
 
-use crate::amqp::live::LiveConnections;
+use crate::connection::LiveConnections;
 use crate::consumer::QueueStats;
 
 /// One queue's live generation: its channel and consumer, its gate and

@@ -33,6 +33,7 @@
 //! See the example on [`Drain`].
 
 mod bounds;
+mod closes;
 mod consumers;
 mod link;
 mod report;

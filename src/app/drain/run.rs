@@ -15,13 +15,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use super::bounds::{ABANDON_GRACE, CLOSE_TIMEOUT};
+use super::bounds::ABANDON_GRACE;
+use super::closes::{CloseStep, CLOSE_STEPS};
 use super::consumers::{cancel_consumers, close_channels, loops_not_finished};
 use super::link::{Background, Link, QueueHandle};
 use super::report::{DeadlineKind, DrainReport, DrainTimeout, QueueDrain};
-use crate::amqp::connection::ConnectionRole;
-use crate::amqp::publisher::Publisher;
 use crate::app::health::Health;
+use crate::connection::{close_connection, ConnectionRole, CLOSE_BOUND};
+use crate::publisher::Publisher;
 
 /// Coordinates the stop. Built by the runner ([`Running::into_drain`](crate::Running::into_drain));
 /// see the module docs for its steps.
@@ -294,47 +295,55 @@ impl Drain {
             + self.in_flight.total()
     }
 
-    /// Closes every gate, the consumer channels, then the publisher, then
-    /// the connections; what the broker did not answer within
-    /// [`CLOSE_TIMEOUT`].
+    /// Closes every gate, then each of the [`CLOSE_STEPS`] in order: the
+    /// consumer channels, the publisher, the connections; what the broker
+    /// did not answer within [`CLOSE_BOUND`].
     async fn close(&mut self, queues: &[QueueHandle]) -> Vec<String> {
         for q in queues {
             q.gate.close();
             // From here a closed channel is the drain's doing, not a loss.
             q.stats.drain_closing.store(true, Ordering::Release);
         }
-        let mut unanswered_close = close_channels(queues).await;
-        self.publisher.shut().await;
-        unanswered_close.extend(self.close_connections().await);
+        let mut unanswered_close = Vec::new();
+        for step in CLOSE_STEPS {
+            match step {
+                CloseStep::ConsumerChannels => {
+                    unanswered_close.extend(close_channels(queues).await)
+                }
+                CloseStep::PublisherChannel => self.publisher.shut().await,
+                CloseStep::Connection(role) => {
+                    unanswered_close.extend(self.close_connection(role).await)
+                }
+            }
+        }
         unanswered_close
     }
 
-    /// The publishing connection, then the consumers'; each cell is emptied
-    /// (health reads both as not connected). The supervisor stopped with
-    /// intake: from here the drain alone writes the cells.
-    async fn close_connections(&mut self) -> Vec<String> {
-        let mut unanswered_close = Vec::new();
-        for role in [ConnectionRole::Publisher, ConnectionRole::Consumer] {
-            let live = self.link.connections.get(role);
-            if let Some(connection) = live.current() {
-                // A close not answered on a connection lapin has meanwhile
-                // found lost (the socket closed under it: an outage as the
-                // drain began) left nothing unanswered: what was on it is
-                // counted as lost, if anything, by its queue.
-                if connection.status().connected()
-                    && tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into()))
-                        .await
-                        .is_err()
-                    && connection.status().connected()
-                {
-                    unanswered_close.push(format!(
-                        "the {} connection: the broker did not answer connection.close within {CLOSE_TIMEOUT:?}",
-                        role.as_str()
-                    ));
-                }
+    /// Closes `role`'s connection and empties its cell (health reads it as
+    /// not connected); the publishing connection first, then the
+    /// consumers'. The supervisor stopped with intake: from here the drain
+    /// alone writes the cells.
+    async fn close_connection(&mut self, role: ConnectionRole) -> Option<String> {
+        let mut unanswered_close = None;
+        let live = self.link.connections.get(role);
+        if let Some(connection) = live.current() {
+            // A close not answered on a connection lapin has meanwhile
+            // found lost (the socket closed under it: an outage as the
+            // drain began) left nothing unanswered: what was on it is
+            // counted as lost, if anything, by its queue.
+            if connection.status().connected()
+                && close_connection(&connection, "OK")
+                    .await
+                    .is_err_and(|e| e.is_unanswered())
+                && connection.status().connected()
+            {
+                unanswered_close = Some(format!(
+                    "the {} connection: the broker did not answer connection.close within {CLOSE_BOUND:?}",
+                    role.as_str()
+                ));
             }
-            live.set(None);
         }
+        live.set(None);
         unanswered_close
     }
 

@@ -17,10 +17,10 @@ use lapin::{Connection, Event};
 use tracing::{info, warn};
 
 use super::shared::{sleep_or_stop, Next, Shared};
-use crate::amqp::backoff::Backoff;
-use crate::amqp::connection::{connect_any_via, ConnectionRole, Via};
-use crate::amqp::live::Live;
 use crate::app::error::StartError;
+use crate::backoff::Backoff;
+use crate::connection::Live;
+use crate::connection::{close_connection, connect_any_via, ConnectionRole, Via};
 
 /// Watches the connection of `role`; when it is lost, reopens it with
 /// capped, jittered backoff (declaring the topology again first, for the
@@ -142,7 +142,7 @@ async fn reconnect(shared: &Shared, role: ConnectionRole, live: &Live) -> Next {
         match result {
             Ok((c, broker)) => {
                 if shared.intake.is_cancelled() {
-                    let _ = c.close(200, "OK".into()).await;
+                    let _ = close_connection(&c, "OK").await;
                     return Next::Stop;
                 }
                 live.set(Some(c));

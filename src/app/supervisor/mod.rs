@@ -1,6 +1,6 @@
 //! The supervisor: two connections (consuming, publishing), each watched and
-//! reopened with capped, jittered backoff (`amqp::backoff`), and kept in its
-//! role's cell (`amqp::live`), which it alone writes; and one long-lived runner per
+//! reopened with capped, jittered backoff (`backoff`), and kept in its
+//! role's cell (`connection::live`), which it alone writes; and one long-lived runner per
 //! queue that starts a generation (a channel and its consumer loop) and
 //! recovers it when it ends — a lost connection, a channel the broker closed
 //! (`consumer_timeout`, 404, 406), a consumer the broker cancelled (queue

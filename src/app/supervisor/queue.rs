@@ -14,12 +14,12 @@ use tracing::{error, info, warn};
 use super::shared::{
     consume_on, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
 };
-use crate::amqp::backoff::{Backoff, BACKOFF_MAX};
-use crate::amqp::connection::ConnectionRole;
-use crate::amqp::topology::Topology;
 use crate::app::error::StartError;
+use crate::backoff::{Backoff, BACKOFF_MAX};
 use crate::config::QueueConfig;
+use crate::connection::{close_channel, ConnectionRole};
 use crate::consumer::End;
+use crate::topology::Topology;
 
 /// How watching a generation ended: the loop's word, or without one the
 /// loop's task result (`None`: not in yet).
@@ -92,9 +92,7 @@ impl Runner<'_> {
             Ok(Some(g)) => Next::On(g),
             Ok(None) => {
                 // The drain began meanwhile: this consumer never ran.
-                let _ =
-                    tokio::time::timeout(crate::amqp::CLOSE_BOUND, channel.close(200, "OK".into()))
-                        .await;
+                let _ = close_channel(&channel, "OK").await;
                 Next::Stop
             }
             Err(panic) => {
@@ -156,11 +154,7 @@ impl Runner<'_> {
                     // answers late must not leave a consumer no one reads
                     // holding deliveries; the close cancels it, and the
                     // broker requeues what it sent.
-                    let _ = tokio::time::timeout(
-                        crate::amqp::CLOSE_BOUND,
-                        channel.close(200, "basic.consume not answered in time".into()),
-                    )
-                    .await;
+                    let _ = close_channel(&channel, "basic.consume not answered in time").await;
                     Err(unanswered("basic.qos and basic.consume"))
                 }
             }
@@ -222,16 +216,12 @@ impl Runner<'_> {
             tag.as_str().into(),
             lapin::options::BasicCancelOptions::default(),
         );
-        if let Err(e) = tokio::time::timeout(crate::amqp::CLOSE_BOUND, cancel)
+        if let Err(e) = tokio::time::timeout(crate::connection::CLOSE_BOUND, cancel)
             .await
             .unwrap_or(Ok(()))
         {
             warn!(queue = %q.name, "basic.cancel failed ({e}); closing the channel hands the deliveries back instead");
-            let _ = tokio::time::timeout(
-                crate::amqp::CLOSE_BOUND,
-                channel.close(200, "paused".into()),
-            )
-            .await;
+            let _ = close_channel(channel, "paused").await;
         }
         self.slot.gate.hand_back_held();
     }
@@ -262,11 +252,7 @@ impl Runner<'_> {
                         self.slot.stats.down.store(true, Ordering::Release);
                         recovered(&q.name, "panic");
                         if channel.status().connected() {
-                            let _ = tokio::time::timeout(
-                                crate::amqp::CLOSE_BOUND,
-                                channel.close(200, "consumer loop panicked".into()),
-                            )
-                            .await;
+                            let _ = close_channel(channel, "consumer loop panicked").await;
                         }
                         let delay = self.backoff.next_delay();
                         self.again_after(delay).await

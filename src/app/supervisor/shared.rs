@@ -16,15 +16,15 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::amqp::connection::{ConnectOptions, ConnectionFactory, ConnectionRole};
-use crate::amqp::live::Live;
-use crate::amqp::publisher::Publisher;
-use crate::amqp::topology::Topology;
 use crate::app::drain::{Link, QueueHandle};
 use crate::app::generation::{LoopFuture, StartCtx, Starter};
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
+use crate::connection::Live;
+use crate::connection::{ConnectOptions, ConnectionFactory, ConnectionRole};
 use crate::consumer::{End, QueueStats};
+use crate::publisher::Publisher;
+use crate::topology::Topology;
 
 /// One queue's parts that outlive its generations.
 pub(crate) struct QueueSlot {

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 
-use super::connect_error::ConnectError;
+use super::error::ConnectError;
 use crate::config::TlsConfig;
 
 fn read_tls_file(field: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {

@@ -1,27 +1,13 @@
-//! Declaring what the config names: its exchanges, then for each queue `Q`,
-//! `Q.dlq` and one rung `Q.retry.<delay>` per distinct broker-side delay,
-//! then the queues' bindings.
-//!
-//! A queue with `passive: true` is declared passively (with its `.dlq` and
-//! rungs): nothing is created, a missing one is
-//! [`TopologyError::Missing`]. Errors are recognised by the broker's reply
-//! code (406 PRECONDITION_FAILED for a conflict, 404 NOT_FOUND for a missing
-//! queue or exchange), not by its text.
-//!
-//! See the example on [`Topology`].
+//! What to declare: the exchanges, queues (with their dead-letter queues
+//! and rungs) and bindings a config names, as data.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::Connection;
 
 use super::delivery_limit::{self, Wanted};
-use super::fan_out;
-
-mod broker;
 use crate::config::{ArgValue, Arguments, Config, ExchangeKind, QueueConfig, QueueType};
-pub(crate) use broker::{bind, declare_exchange, declare_one};
 
 /// One queue to declare, with its arguments.
 ///
@@ -258,49 +244,8 @@ impl Topology {
     pub fn get(&self, queue: &str) -> Option<&QueueDecl> {
         self.decls.iter().find(|d| d.name == queue)
     }
-
-    /// Declares every exchange, then every queue, then every binding,
-    /// stopping at the first failure.
-    pub async fn declare(&self, conn: &Connection) -> Result<(), TopologyError> {
-        // Exchanges, then queues, then bindings; within each, many at
-        // once (each on a channel of its own), the first failure in order
-        // reported.
-        fan_out::in_order(&self.exchanges, |x| declare_exchange(conn, x)).await?;
-        fan_out::in_order(&self.decls, |d| declare_one(conn, d)).await?;
-        fan_out::in_order(&self.bindings, |b| bind(conn, b)).await?;
-        Ok(())
-    }
 }
 
-impl Topology {
-    /// Declares again what belongs to queue `q` (after the broker deleted
-    /// it): the exchanges it is bound to, the queue, its dead-letter queue
-    /// and rungs, then its bindings — a deleted queue loses its bindings
-    /// with it.
-    pub(crate) async fn declare_for_queue(
-        &self,
-        conn: &Connection,
-        q: &str,
-    ) -> Result<(), TopologyError> {
-        let dlq = format!("{q}.dlq");
-        let rungs = format!("{q}.retry.");
-        let bindings: Vec<&BindingDecl> = self.bindings.iter().filter(|b| b.queue == q).collect();
-        for x in &self.exchanges {
-            if bindings.iter().any(|b| b.exchange == x.name) {
-                declare_exchange(conn, x).await?;
-            }
-        }
-        for d in &self.decls {
-            if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
-                declare_one(conn, d).await?;
-            }
-        }
-        for b in bindings {
-            bind(conn, b).await?;
-        }
-        Ok(())
-    }
-}
 fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)> {
     let mut args = type_args(q.kind);
     let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
@@ -312,68 +257,4 @@ fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)>
         args.push(("x-overflow", str_arg("reject-publish")));
     }
     args
-}
-
-/// Why the topology could not be declared. No consumer starts.
-///
-/// ```no_run
-/// use acemq::config::Config;
-/// use acemq::topology::{Topology, TopologyError};
-///
-/// # async fn run(conn: acemq::lapin::Connection) {
-/// let topology = Topology::from_config(&Config::from_path("examples/shop.yaml").unwrap());
-/// match topology.declare(&conn).await {
-///     Ok(()) => {}
-///     Err(e @ TopologyError::Conflict { .. }) => eprintln!("declared otherwise already: {e}"),
-///     Err(e) => eprintln!("{e}"),
-/// }
-/// # }
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TopologyError {
-    /// The queue exists with other arguments.
-    #[error("queue {queue:?} already exists with a different {argument}: the broker said {message:?}. Delete it (rabbitmqctl delete_queue {queue}) after moving its messages, or change the config to match the existing queue")]
-    Conflict {
-        /// The queue.
-        queue: String,
-        /// The argument that differs.
-        argument: String,
-        /// What the broker said.
-        message: String,
-    },
-    /// A queue marked `passive` does not exist (404 NOT_FOUND).
-    #[error("queue {queue:?} does not exist, and the config marks it passive: acemq checks that it exists and declares nothing (the broker said {message:?}). Declare it where it is managed, or remove passive: true so acemq declares it")]
-    Missing {
-        /// The queue.
-        queue: String,
-        /// What the broker said.
-        message: String,
-    },
-    /// An exchange exists with another type or durability (406).
-    #[error("exchange {exchange:?} already exists with a different type or durability: the broker said {message:?}. Change the config to match it, or delete it (rabbitmqctl delete_exchange {exchange}) if nothing else uses it")]
-    ExchangeConflict {
-        /// The exchange.
-        exchange: String,
-        /// What the broker said.
-        message: String,
-    },
-    /// A binding names an exchange that does not exist (404 NOT_FOUND).
-    #[error("cannot bind queue {queue:?} to exchange {exchange:?}: it does not exist (the broker said {message:?}). Add it under exchanges: in the config, or fix the name")]
-    NoExchange {
-        /// The queue.
-        queue: String,
-        /// The exchange.
-        exchange: String,
-        /// What the broker said.
-        message: String,
-    },
-    /// Another broker error.
-    #[error("could not declare queue {queue:?}: {message}")]
-    Broker {
-        /// The queue.
-        queue: String,
-        /// What the broker said.
-        message: String,
-    },
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use lapin::Connection;
 use tokio::sync::{watch, Notify};
 
-use super::connection::ConnectionRole;
+use super::connect::ConnectionRole;
 
 /// One role's live connection: `None` while it is being (re)opened. Cheap
 /// to clone; clones share the cell.
@@ -192,7 +192,9 @@ mod tests {
         let live = Live::default();
         live.set(Some(first.clone()));
         assert!(live.is_connected());
-        first.close(200, "OK".into()).await.expect("close");
+        crate::connection::close_connection(&first, "OK")
+            .await
+            .expect("close");
         assert!(!live.is_connected(), "read from lapin's status");
         tokio::time::timeout(Duration::from_secs(1), live.suspected())
             .await
@@ -210,7 +212,9 @@ mod tests {
             .expect("join")
             .expect("a connection");
         assert!(Arc::ptr_eq(&got, &second));
-        second.close(200, "OK".into()).await.expect("close");
+        crate::connection::close_connection(&second, "OK")
+            .await
+            .expect("close");
 
         // Nothing reopens a fixed cell: its wait ends once it is closed.
         let fixed = Live::fixed(second);

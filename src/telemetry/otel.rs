@@ -34,7 +34,7 @@ use tracing::Span;
 
 /// Gives the OpenTelemetry span its name, kind, parent (the message's
 /// context), link (its creation context) and attributes. Called by
-/// [`crate::amqp::span::process_span`] before the span is first entered.
+/// [`super::span::process_span`] before the span is first entered.
 pub(crate) fn describe(span: &Span, queue: &str, delivery: &Delivery) {
     #[cfg(feature = "opentelemetry")]
     imp::describe(span, queue, delivery);
@@ -257,7 +257,7 @@ mod imp {
         span.set_attribute("acemq.outcome", decision.outcome());
         if let Decision::DeadLetter(d) = decision {
             span.set_attribute("acemq.dead_letter.reason", d.reason.as_str());
-            span.set_status(Status::error(crate::amqp::span::status_description(
+            span.set_status(Status::error(crate::telemetry::status::status_description(
                 d.reason.as_str(),
                 &d.error,
             )));

@@ -1,30 +1,5 @@
-//! Connecting to the broker, with the password kept out of every message.
-//!
-//! One address is the common case ([`connect`]); a cluster gives several
-//! ([`connect_any`] tries them in shuffled order, so a fleet spreads over
-//! the nodes). Where the addresses come from is decided in one place,
-//! [`resolve_addresses`]: an address given in code, then `AMQP_ADDR` (one
-//! address or several separated by commas), then the config's `addresses`,
-//! then [`DEFAULT_AMQP_ADDR`].
-//!
-//! Every connection an [`App`](crate::App) opens or reopens can go through a
-//! factory of yours instead ([`App::connection_factory`](crate::App::connection_factory)):
-//! it gets a [`ConnectRequest`] with what acemq would have used and returns
-//! the open connection.
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use acemq::config::Config;
-//! use acemq::connection::{connect_any, redact, resolve_addresses, ConnectOptions};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let config = Config::from_path("examples/shop.yaml")?;
-//! let addresses = resolve_addresses(None, &config.addresses);
-//! let options = ConnectOptions::from_config(&config);
-//! let connected = connect_any(&addresses, "shop-tools", Duration::from_secs(10), &options).await?;
-//! println!("connected to {}", connected.address); // already redacted
-//! # let _ = redact; Ok(()) }
-//! ```
+//! Opening a connection: to one address, or to the first of several that
+//! answers, directly or through a connection factory of the user's.
 
 use std::fmt;
 use std::future::Future;
@@ -36,15 +11,11 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::LongString;
 use lapin::{Connection, ConnectionProperties, DefaultConnectionBuilder};
 
-pub(crate) use super::connect_error::map_connect_error;
-pub use super::connect_error::ConnectError;
+use super::error::{map_connect_error, ConnectError};
 use super::tls::tls_config;
-use crate::config::address::with_heartbeat;
-pub use crate::config::address::{
-    amqp_addr_from_env, check_address, redact, resolve_addresses, DEFAULT_AMQP_ADDR,
+use crate::config::address::{
+    check_address, redact, resolve_addresses_with, shuffled, with_heartbeat,
 };
-#[doc(hidden)]
-pub use crate::config::address::{resolve_addresses_with, shuffled};
 use crate::config::{Config, TlsConfig};
 
 /// How to connect, beyond the address: the heartbeat to ask for and the
@@ -463,7 +434,7 @@ mod tests {
         )
         .await
         .unwrap();
-        c.close(200, "OK".into()).await.unwrap();
+        crate::connection::close_connection(&c, "OK").await.unwrap();
     }
 
     #[test]

@@ -38,21 +38,19 @@
 //! ```
 
 use crate::sync::Locked;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use acemq_layers::{ErrorReply, Headers, Outgoing, Properties, Publish, PublishError};
+use acemq_layers::{Headers, Properties, PublishError};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
-use tracing::warn;
 
-use crate::amqp::convert::{properties_to_lapin, short_string, try_properties_to_lapin, TooLong};
-use crate::amqp::live::Live;
-use crate::amqp::topology::{declare_one, Topology};
-
-mod options;
-pub use options::PublishOptions;
+pub use super::options::PublishOptions;
+use crate::connection::{close_channel, Live};
+use crate::convert::{short_string, try_properties_to_lapin, TooLong};
+use crate::topology::Topology;
 
 /// A confirm-mode publisher on the publishing connection (an example is in
 /// the [module docs](crate::publisher)). Cheap to clone;
@@ -66,11 +64,32 @@ struct Inner {
     connection: Live,
     channel: Mutex<Option<Channel>>,
     topology: OnceLock<Topology>,
-    /// The delay buckets declared so far (see [`crate::amqp::delay`]).
-    delay_buckets: crate::amqp::delay::Declared,
+    /// The delay buckets declared so far (see [`crate::delay`]).
+    delay_buckets: Declared,
     /// How long a publish waits for a connection, or for the broker to
     /// unblock one.
     wait: Duration,
+}
+
+/// The delay bucket queues (and targets) a publisher has declared or
+/// checked (see [`crate::delay`]).
+#[derive(Debug, Default)]
+pub(super) struct Declared {
+    buckets: Mutex<HashSet<String>>,
+}
+
+impl Declared {
+    pub(super) fn has(&self, queue: &str) -> bool {
+        self.buckets.locked().contains(queue)
+    }
+
+    pub(super) fn insert(&self, queue: String) {
+        self.buckets.locked().insert(queue);
+    }
+
+    pub(super) fn forget(&self, queue: &str) {
+        self.buckets.locked().remove(queue);
+    }
 }
 
 impl std::fmt::Debug for Publisher {
@@ -116,8 +135,13 @@ impl Publisher {
         let _ = self.inner.topology.set(topology);
     }
 
+    /// The topology, once set.
+    pub(super) fn topology(&self) -> Option<&Topology> {
+        self.inner.topology.get()
+    }
+
     /// The open connection, waiting up to `wait` for one.
-    async fn connection(&self, target: &str) -> Result<Arc<Connection>, PublishError> {
+    pub(super) async fn connection(&self, target: &str) -> Result<Arc<Connection>, PublishError> {
         match tokio::time::timeout(self.inner.wait, self.inner.connection.wait()).await {
             Ok(Some(c)) => Ok(c),
             _ => Err(PublishError::transport(
@@ -132,7 +156,7 @@ impl Publisher {
 
     /// The open connection, once not blocked (for the delay buckets'
     /// declarations).
-    pub(crate) async fn open_connection(
+    pub(super) async fn open_connection(
         &self,
         target: &str,
     ) -> Result<Arc<Connection>, PublishError> {
@@ -147,21 +171,8 @@ impl Publisher {
         (self.inner.connection.clone(), self.inner.wait)
     }
 
-    pub(crate) fn delay_buckets(&self) -> &crate::amqp::delay::Declared {
+    pub(super) fn delay_buckets(&self) -> &Declared {
         &self.inner.delay_buckets
-    }
-
-    /// Whether delay buckets are quorum queues: when the topology declares
-    /// any quorum queue.
-    pub(crate) fn quorum_buckets(&self) -> bool {
-        self.inner.topology.get().is_some_and(|t| {
-            t.decls().iter().any(|d| {
-                matches!(
-                    d.arguments.inner().get("x-queue-type"),
-                    Some(lapin::types::AMQPValue::LongString(s)) if s.to_string() == "quorum"
-                )
-            })
-        })
     }
 
     /// Waits (within `wait`) while the broker blocks `conn`. Checked before
@@ -267,6 +278,46 @@ impl Publisher {
             .await
     }
 
+    /// As [`publish`](Self::publish), with [`PublishOptions`]: a message id,
+    /// headers and other properties. Persistent unless the options say
+    /// [`transient`](PublishOptions::transient).
+    pub async fn publish_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        options: PublishOptions,
+    ) -> Result<(), PublishError> {
+        let (properties, headers) = options.into_parts();
+        self.publish_with_headers(exchange, routing_key, body, properties, &headers)
+            .await
+    }
+
+    /// As [`publish_json`](Self::publish_json), with [`PublishOptions`]: a
+    /// message id, headers and other properties. `content_type` is
+    /// `application/json` unless the options set another.
+    pub async fn publish_json_with<T: serde::Serialize + ?Sized>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        value: &T,
+        options: PublishOptions,
+    ) -> Result<(), PublishError> {
+        let body = serde_json::to_vec(value).map_err(|e| {
+            PublishError::transport_with_source(
+                routing_key,
+                format!("the value could not be serialised as JSON: {e}"),
+                e,
+            )
+        })?;
+        let (mut properties, headers) = options.into_parts();
+        if properties.content_type.is_none() {
+            properties.content_type = Some("application/json".to_owned());
+        }
+        self.publish_with_headers(exchange, routing_key, &body, properties, &headers)
+            .await
+    }
+
     /// Publishes with lapin's own properties, as given (no persistent
     /// default).
     pub async fn publish_lapin(
@@ -307,7 +358,7 @@ impl Publisher {
 
     /// [`send_with`](Self::send_with), calling `queued` once the message is
     /// sent on the channel, before its confirm is awaited.
-    async fn send_then(
+    pub(super) async fn send_then(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -326,7 +377,7 @@ impl Publisher {
         let too_long = |e: TooLong| PublishError::transport_with_source(&*target, e.to_string(), e);
         let exchange = short_string("exchange name", exchange).map_err(too_long)?;
         let routing_key = short_string("routing key", routing_key).map_err(too_long)?;
-        let properties = crate::amqp::otel::inject_properties(properties);
+        let properties = crate::telemetry::inject_properties(properties);
         let conn = self.connection(&target).await?;
         self.unblocked(&conn, &target).await?;
         let ch = self.usable_channel(&conn).await.map_err(transport)?;
@@ -372,49 +423,9 @@ impl Publisher {
         let ch = self.inner.channel.locked().take();
         if let Some(ch) = ch {
             if ch.status().connected() {
-                let _ = tokio::time::timeout(super::CLOSE_BOUND, ch.close(200, "OK".into())).await;
+                let _ = close_channel(&ch, "OK").await;
             }
         }
-    }
-}
-
-impl Publish for Publisher {
-    async fn publish(&self, mut message: Outgoing<'_>) -> Result<(), PublishError> {
-        let mut headers = std::mem::take(&mut message.headers);
-        // The broker's own redelivery counts are not the copy's.
-        for name in acemq_layers::headers::REDELIVERY_COUNT_HEADERS {
-            headers.remove(name);
-        }
-        crate::amqp::otel::inject_copy(&mut headers);
-        let props = properties_to_lapin(message.delivery.properties(), &headers);
-        // Sent: the delivery's handler slot is free for the next handler
-        // while this copy's confirm is outstanding (it is confirming).
-        let delivery = message.delivery;
-        self.send_then("", message.queue, delivery.body(), props, true, || {
-            message.queued()
-        })
-        .await
-    }
-
-    async fn reply_error(&self, reply: ErrorReply<'_>) -> Result<(), PublishError> {
-        crate::rpc::send_error_reply(self, reply).await
-    }
-
-    async fn redeclare(&self, queue: &str) -> Result<(), PublishError> {
-        let Some(decl) = self.inner.topology.get().and_then(|t| t.get(queue)) else {
-            return Err(PublishError::transport(
-                queue,
-                "the topology does not name this queue",
-            ));
-        };
-        warn!(
-            queue,
-            "declaring the queue again: it was deleted while the consumer was running"
-        );
-        let conn = self.connection(queue).await?;
-        declare_one(&conn, decl)
-            .await
-            .map_err(|e| PublishError::transport_with_source(queue, e.to_string(), e))
     }
 }
 

@@ -14,7 +14,7 @@
 //! layer's), not on the span.
 //!
 //! With the `opentelemetry` feature, and when a `tracing_opentelemetry`
-//! layer sees the span, [`crate::amqp::otel`] gives the OpenTelemetry span
+//! layer sees the span, [`super::otel`] gives the OpenTelemetry span
 //! its name (`process {queue}`), its kind (consumer), its parent and link
 //! (the message's trace context) and every attribute of the conventions and
 //! acemq's own (`docs/tracing.md` lists them), through
@@ -53,63 +53,24 @@ pub(crate) fn process_span(queue: &str, delivery: &Delivery) -> Span {
     if delivery.redelivered() {
         span.record("redelivered", true);
     }
-    crate::amqp::otel::describe(&span, queue, delivery);
-    crate::amqp::otel::record_attempt(&span, delivery.attempt());
+    super::otel::describe(&span, queue, delivery);
+    super::otel::record_attempt(&span, delivery.attempt());
     span
 }
 
 /// Records the decision on the OpenTelemetry span (feature
 /// `opentelemetry`): the outcome, and on dead-letter the reason and an
 /// error status whose description is the reason and the error, cut to
-/// [`MAX_STATUS_LEN`] bytes.
+/// [`MAX_STATUS_LEN`](super::status::MAX_STATUS_LEN) bytes.
 pub(crate) fn record_decision(span: &Span, decision: &Decision) {
     if span.is_disabled() {
         return;
     }
-    crate::amqp::otel::record_decision(span, decision);
-}
-
-/// The longest span status description recorded on dead-letter (the full
-/// error chain is in the copy's `x-acemq-error` header).
-pub(crate) const MAX_STATUS_LEN: usize = 512;
-
-/// A dead-lettered delivery's status description: the reason and the error,
-/// cut to [`MAX_STATUS_LEN`] bytes.
-#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
-pub(crate) fn status_description(reason: &str, error: &str) -> String {
-    let mut description = format!("{reason}: {error}");
-    truncate(&mut description, MAX_STATUS_LEN);
-    description
-}
-
-/// Cuts `s` to at most `max` bytes on a character boundary, ending in `…`.
-#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
-fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut cut = max.saturating_sub('…'.len_utf8());
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
+    super::otel::record_decision(span, decision);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::truncate;
-
-    #[test]
-    fn a_long_status_is_cut_on_a_character_boundary() {
-        let mut s = "é".repeat(400);
-        truncate(&mut s, 512);
-        assert!(s.len() <= 512);
-        assert!(s.ends_with('…'));
-        let mut short = String::from("max-attempts: boom");
-        truncate(&mut short, 512);
-        assert_eq!(short, "max-attempts: boom");
-    }
-
     #[test]
     fn a_delivery_logged_with_debug_shows_its_body_length_not_its_bytes() {
         let delivery = acemq_layers::Delivery::builder()

@@ -58,9 +58,6 @@
 //! cannot be combined with a delay (the broker removes it on the hop) and
 //! is refused.
 
-use crate::sync::Locked;
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use acemq_layers::{delay_label, Headers, Properties, PublishError};
@@ -68,7 +65,8 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
 
-use crate::amqp::publisher::Publisher;
+use super::publisher::Publisher;
+use crate::connection::close_channel;
 
 /// The headers exchange every delayed message is published to.
 pub(crate) const DELAY_EXCHANGE: &str = "acemq.delay";
@@ -122,26 +120,6 @@ pub fn bucket_queue(exchange: &str, bucket: Duration) -> String {
         format!("{DELAY_EXCHANGE}.{}", delay_label(bucket))
     } else {
         format!("{DELAY_EXCHANGE}.{}.{exchange}", delay_label(bucket))
-    }
-}
-
-/// The bucket queues (and targets) this publisher has declared or checked.
-#[derive(Debug, Default)]
-pub(crate) struct Declared {
-    buckets: Mutex<HashSet<String>>,
-}
-
-impl Declared {
-    fn has(&self, queue: &str) -> bool {
-        self.buckets.locked().contains(queue)
-    }
-
-    fn insert(&self, queue: String) {
-        self.buckets.locked().insert(queue);
-    }
-
-    fn forget(&self, queue: &str) {
-        self.buckets.locked().remove(queue);
     }
 }
 
@@ -229,7 +207,7 @@ async fn declare_bucket(
         };
         return Err(declare_error(&target, &what, e));
     }
-    let _ = check.close(200, "OK".into()).await;
+    let _ = close_channel(&check, "OK").await;
 
     let ch = conn
         .create_channel()
@@ -274,7 +252,7 @@ async fn declare_bucket(
     )
     .await
     .map_err(|e| declare_error(&target, &format!("bind the bucket queue {queue:?}"), e))?;
-    let _ = ch.close(200, "OK".into()).await;
+    let _ = close_channel(&ch, "OK").await;
     Ok(())
 }
 
@@ -386,6 +364,19 @@ impl Publisher {
             }
         }
         unreachable!("the loop returns in its second round")
+    }
+
+    /// Whether delay buckets are quorum queues: when the topology declares
+    /// any quorum queue.
+    fn quorum_buckets(&self) -> bool {
+        self.topology().is_some_and(|t| {
+            t.decls().iter().any(|d| {
+                matches!(
+                    d.arguments.inner().get("x-queue-type"),
+                    Some(lapin::types::AMQPValue::LongString(s)) if s.to_string() == "quorum"
+                )
+            })
+        })
     }
 }
 

@@ -1,14 +1,18 @@
 //! The broker calls of declaring: one exchange, queue or binding each on a
 //! channel of its own, the broker's refusals turned into [`TopologyError`]s
-//! by their reply codes.
+//! by their reply codes; declaring a whole [`Topology`], or again what
+//! belongs to one queue.
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Connection;
 
-use super::{BindingDecl, ExchangeDecl, QueueDecl, TopologyError};
-use crate::amqp::delivery_limit;
+use super::decls::{BindingDecl, ExchangeDecl, QueueDecl, Topology};
+use super::delivery_limit;
+use super::error::TopologyError;
 use crate::config::ExchangeKind;
+use crate::connection::close_channel;
+use crate::fan_out;
 
 /// The broker's reply code and text, when `e` is an AMQP error.
 fn reply(e: &lapin::Error) -> Option<(u16, String)> {
@@ -46,7 +50,7 @@ async fn finish<T>(
 ) -> Result<(), TopologyError> {
     match res {
         Ok(_) => {
-            let _ = channel.close(200, "OK".into()).await;
+            let _ = close_channel(&channel, "OK").await;
             Ok(())
         }
         Err(e) => Err(reply(&e)
@@ -207,4 +211,48 @@ async fn declare_with(
         _ => None,
     })
     .await
+}
+
+impl Topology {
+    /// Declares every exchange, then every queue, then every binding,
+    /// stopping at the first failure.
+    pub async fn declare(&self, conn: &Connection) -> Result<(), TopologyError> {
+        // Exchanges, then queues, then bindings; within each, many at
+        // once (each on a channel of its own), the first failure in order
+        // reported.
+        fan_out::in_order(self.exchanges(), |x| declare_exchange(conn, x)).await?;
+        fan_out::in_order(self.decls(), |d| declare_one(conn, d)).await?;
+        fan_out::in_order(self.bindings(), |b| bind(conn, b)).await?;
+        Ok(())
+    }
+}
+
+impl Topology {
+    /// Declares again what belongs to queue `q` (after the broker deleted
+    /// it): the exchanges it is bound to, the queue, its dead-letter queue
+    /// and rungs, then its bindings — a deleted queue loses its bindings
+    /// with it.
+    pub(crate) async fn declare_for_queue(
+        &self,
+        conn: &Connection,
+        q: &str,
+    ) -> Result<(), TopologyError> {
+        let dlq = format!("{q}.dlq");
+        let rungs = format!("{q}.retry.");
+        let bindings: Vec<&BindingDecl> = self.bindings().iter().filter(|b| b.queue == q).collect();
+        for x in self.exchanges() {
+            if bindings.iter().any(|b| b.exchange == x.name) {
+                declare_exchange(conn, x).await?;
+            }
+        }
+        for d in self.decls() {
+            if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
+                declare_one(conn, d).await?;
+            }
+        }
+        for b in bindings {
+            bind(conn, b).await?;
+        }
+        Ok(())
+    }
 }

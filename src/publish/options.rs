@@ -1,12 +1,11 @@
 //! [`PublishOptions`]: a message id, a correlation id, headers and the other
 //! properties of a message you publish, for
-//! [`Publisher::publish_json_with`] and [`Publisher::publish_with`].
+//! [`Publisher::publish_json_with`](crate::Publisher::publish_json_with) and
+//! [`Publisher::publish_with`](crate::Publisher::publish_with).
 
 use std::time::Duration;
 
-use acemq_layers::{Headers, Properties, PublishError, Value};
-
-use super::Publisher;
+use acemq_layers::{Headers, Properties, Value};
 
 /// What a published message carries besides its body: its properties
 /// (message id, correlation id, content type, …) and headers. Built with
@@ -43,7 +42,7 @@ pub struct PublishOptions {
 
 impl PublishOptions {
     /// No properties, no headers: persistent, and for
-    /// [`publish_json_with`](Publisher::publish_json_with)
+    /// [`publish_json_with`](crate::Publisher::publish_json_with)
     /// `content_type: application/json`.
     pub fn new() -> Self {
         PublishOptions::default()
@@ -132,47 +131,10 @@ impl PublishOptions {
     }
 }
 
-impl Publisher {
-    /// As [`publish`](Self::publish), with [`PublishOptions`]: a message id,
-    /// headers and other properties. Persistent unless the options say
-    /// [`transient`](PublishOptions::transient).
-    pub async fn publish_with(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        options: PublishOptions,
-    ) -> Result<(), PublishError> {
-        let PublishOptions {
-            properties,
-            headers,
-        } = options;
-        self.publish_with_headers(exchange, routing_key, body, properties, &headers)
-            .await
-    }
-
-    /// As [`publish_json`](Self::publish_json), with [`PublishOptions`]: a
-    /// message id, headers and other properties. `content_type` is
-    /// `application/json` unless the options set another.
-    pub async fn publish_json_with<T: serde::Serialize + ?Sized>(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        value: &T,
-        mut options: PublishOptions,
-    ) -> Result<(), PublishError> {
-        let body = serde_json::to_vec(value).map_err(|e| {
-            PublishError::transport_with_source(
-                routing_key,
-                format!("the value could not be serialised as JSON: {e}"),
-                e,
-            )
-        })?;
-        if options.properties.content_type.is_none() {
-            options.properties.content_type = Some("application/json".to_owned());
-        }
-        self.publish_with(exchange, routing_key, &body, options)
-            .await
+impl PublishOptions {
+    /// The properties and the headers, for the publisher.
+    pub(super) fn into_parts(self) -> (Properties, Headers) {
+        (self.properties, self.headers)
     }
 }
 
