@@ -23,7 +23,12 @@
 //!
 //! Run with: `cargo bench --features postgres --bench outbox`
 
-#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+#![allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::disallowed_methods
+)]
 
 use std::time::{Duration, Instant};
 

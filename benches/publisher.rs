@@ -54,7 +54,12 @@
 //! | `ACEMQ_BENCH_ADDR` | `AMQP_ADDR` | the broker's AMQP address |
 //! | `ACEMQ_BENCH_NODE` | `rabbitmqctl`'s | the node whose `beam.smp` is measured |
 
-#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+#![allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::disallowed_methods
+)]
 
 mod support;
 

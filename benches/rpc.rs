@@ -47,7 +47,12 @@
 //! | `ACEMQ_BENCH_LOAD_WAIT` | 90 | … for at most this many seconds, then warn |
 //! | `ACEMQ_BENCH_ADDR` | `AMQP_ADDR` | the broker's AMQP address |
 
-#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+#![allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::disallowed_methods
+)]
 
 mod support;
 

@@ -80,7 +80,12 @@
 //! handler's checksum reads every byte, in every consumer alike); both at
 //! once: `ACEMQ_BENCH_SHAPES=20x4,100x8@16k`.
 
-#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+#![allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::disallowed_methods
+)]
 
 mod support;
 

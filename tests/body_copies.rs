@@ -26,7 +26,7 @@
 //! The count is per thread, and the tests take turns. Queues (and the
 //! outbox test's database) are unique and deleted at the end.
 
-#![allow(missing_docs)]
+#![allow(missing_docs, clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! on queues and exchanges of its own (unique names, deleted at the end), so
 //! the tests run in parallel safely. No mock broker.
 
-#![allow(unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 mod support;
 

@@ -7,7 +7,7 @@
 //! start three nodes); run them with:
 //! `cargo test -p acemq --test cluster -- --ignored --test-threads=1`
 //! (`ACEMQ_KEEP_CLUSTER=1` leaves the cluster up afterwards).
-#![allow(unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 #[path = "../node/freeze.rs"]
 mod freeze;

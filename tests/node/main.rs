@@ -15,7 +15,7 @@
 //! They are `#[ignore]`d in `cargo test --workspace` (they take minutes and
 //! start a node); run them with:
 //! `cargo test -p acemq --test node -- --ignored --test-threads=1`
-#![allow(unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 mod freeze;
 mod support;

@@ -6,7 +6,7 @@
 //! One global subscriber (tracing-opentelemetry over the SDK's in-memory
 //! exporter, plus a log capture) serves every test; each test reads only the
 //! spans of its own queue.
-#![allow(unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 #[path = "../broker/support.rs"]
 mod support;

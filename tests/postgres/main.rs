@@ -3,7 +3,7 @@
 //! RabbitMQ (`AMQP_ADDR`). Each test creates its own database
 //! (`acemq_test_<pid>_<n>_<nanos>`, dropped by a guard) and its own queues
 //! (deleted by a guard); tests run in parallel safely.
-#![allow(unreachable_pub, missing_docs)]
+#![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 mod support;
 
