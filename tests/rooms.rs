@@ -32,50 +32,54 @@ fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The crate in `src/`, as the reader sees it.
+fn src() -> Crate {
+    Crate::read(&workspace().join("src/lib.rs"))
+}
+
+/// Fails with `what` and every finding, one a line, unless there is none.
+fn assert_none(findings: Vec<String>, what: &str) {
+    assert!(findings.is_empty(), "{what}:\n{}", findings.join("\n"));
+}
+
 #[test]
 fn src_modules_import_one_way_only() {
-    let found = Crate::read(&workspace().join("src/lib.rs"));
-    let cycles = found.cycles();
-    assert!(
-        cycles.is_empty(),
-        "import cycles among src/'s modules (each edge with one place that makes it):\n{}",
-        cycles.join("\n")
+    assert_none(
+        src().cycles(),
+        "import cycles among src/'s modules (each edge with one place that makes it)",
     );
 }
 
 #[test]
 fn no_mod_rs_holds_an_item_its_children_import() {
-    let found = Crate::read(&workspace().join("src/lib.rs"));
-    let reached = found.items_reached_in_mod_rs();
-    assert!(
-        reached.is_empty(),
+    assert_none(
+        src().items_reached_in_mod_rs(),
         "a mod.rs holds docs, mod lines and re-exports; these items are defined in one and \
-         imported below it (move each into a child file and re-export it):\n{}",
-        reached.join("\n")
+         imported below it (move each into a child file and re-export it)",
     );
 }
 
 #[test]
 fn no_source_file_is_over_400_code_lines() {
-    let mut over = Vec::new();
-    let mut files = 0;
-    for folder in SIZED {
-        for file in files_below(&workspace().join(folder)) {
-            files += 1;
-            let n = code_lines(&std::fs::read_to_string(&file).expect("a source file"));
-            if n > MAX_CODE_LINES {
-                over.push(format!("{n} {}", file.display()));
-            }
-        }
-    }
+    let files: Vec<PathBuf> = SIZED
+        .iter()
+        .flat_map(|folder| files_below(&workspace().join(folder)))
+        .collect();
     assert!(
-        files > 50,
-        "only {files} files read: the walk missed folders"
+        files.len() > 50,
+        "only {} files read: the walk missed folders",
+        files.len()
     );
-    assert!(
-        over.is_empty(),
-        "files over {MAX_CODE_LINES} code lines (split them by concern):\n{}",
-        over.join("\n")
+    let over = files
+        .iter()
+        .filter_map(|file| {
+            let n = code_lines(&std::fs::read_to_string(file).expect("a source file"));
+            (n > MAX_CODE_LINES).then(|| format!("{n} {}", file.display()))
+        })
+        .collect();
+    assert_none(
+        over,
+        &format!("files over {MAX_CODE_LINES} code lines (split them by concern)"),
     );
 }
 

@@ -4,6 +4,7 @@
 //! [`close_connection`] (clippy refuses lapin's own `close` elsewhere:
 //! `clippy.toml`).
 
+use std::future::Future;
 use std::time::Duration;
 
 use lapin::{Channel, Connection};
@@ -48,13 +49,7 @@ impl CloseError {
 #[doc(hidden)]
 #[allow(clippy::disallowed_methods)] // The one channel close.
 pub async fn close_channel(channel: &Channel, reason: &str) -> Result<(), CloseError> {
-    match tokio::time::timeout(CLOSE_BOUND, channel.close(200, reason.into())).await {
-        Ok(closed) => Ok(closed?),
-        Err(_) => Err(CloseError::Unanswered {
-            what: "channel.close",
-            bound: CLOSE_BOUND,
-        }),
-    }
+    bounded("channel.close", channel.close(200, reason.into())).await
 }
 
 /// Closes `connection` with reply code 200 and `reason`, waiting for the
@@ -62,10 +57,18 @@ pub async fn close_channel(channel: &Channel, reason: &str) -> Result<(), CloseE
 #[doc(hidden)]
 #[allow(clippy::disallowed_methods)] // The one connection close.
 pub async fn close_connection(connection: &Connection, reason: &str) -> Result<(), CloseError> {
-    match tokio::time::timeout(CLOSE_BOUND, connection.close(200, reason.into())).await {
+    bounded("connection.close", connection.close(200, reason.into())).await
+}
+
+/// Awaits `close` (a `what`) for at most [`CLOSE_BOUND`].
+async fn bounded(
+    what: &'static str,
+    close: impl Future<Output = lapin::Result<()>>,
+) -> Result<(), CloseError> {
+    match tokio::time::timeout(CLOSE_BOUND, close).await {
         Ok(closed) => Ok(closed?),
         Err(_) => Err(CloseError::Unanswered {
-            what: "connection.close",
+            what,
             bound: CLOSE_BOUND,
         }),
     }
