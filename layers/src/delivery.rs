@@ -5,8 +5,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Extensions;
 
-use crate::in_flight::slot::SlotCell;
 use crate::lifeline::{Cancellation, ClaimCell, Lifeline};
+use crate::permit::PermitCell;
 use crate::sync::CancellationToken;
 
 use crate::headers::{Headers, Value};
@@ -100,9 +100,9 @@ struct Shared {
     redelivered: bool,
     lifeline: Lifeline,
     claim: ClaimCell,
-    // The concurrency permit the claim took, while the delivery holds it
+    // The concurrency permit the claim took, while the delivery keeps it
     // (see the in-flight module's docs, "Confirming").
-    slot: SlotCell,
+    permit: PermitCell,
 }
 
 /// Builds a [`Delivery`]; used by the transport binding, tests and benches.
@@ -264,7 +264,7 @@ impl Delivery {
                 redelivered,
                 lifeline,
                 claim: ClaimCell::new(),
-                slot: SlotCell::default(),
+                permit: PermitCell::default(),
             }),
             attempt,
             token,
@@ -458,40 +458,40 @@ impl Delivery {
         self.shared.claim.claim()
     }
     /// Whether the delivery is *confirming*: claimed, its handler done,
-    /// and its handler slot (the concurrency permit its claim took) given
-    /// up while only the confirm of its rung or dead-letter copy is
-    /// awaited (see [`Outgoing::queued`](crate::Outgoing::queued)). It is
+    /// and the concurrency permit its claim took given up while only the
+    /// confirm of its rung or dead-letter copy is awaited (see
+    /// [`Outgoing::queued`](crate::Outgoing::queued)). It is
     /// still in flight: counted, waited for by the drain, settled only
     /// once the confirm is in.
     pub fn is_confirming(&self) -> bool {
-        self.shared.slot.is_confirming()
+        self.shared.permit.is_confirming()
     }
-    /// The claim keeps the delivery's permit here; the returned handle
+    /// The claim keeps the delivery's permit here; the returned guard
     /// gives it back when the claim ends (dropped). The permit is returned
     /// if the delivery already keeps one (a second claim point).
-    pub(crate) fn hold_slot(
+    pub(crate) fn keep_permit(
         &self,
         permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> Result<SlotHandle, tokio::sync::OwnedSemaphorePermit> {
-        self.shared.slot.hold(permit)?;
-        Ok(SlotHandle(self.shared.clone()))
+    ) -> Result<PermitGuard, tokio::sync::OwnedSemaphorePermit> {
+        self.shared.permit.keep(permit)?;
+        Ok(PermitGuard(self.shared.clone()))
     }
-    /// Gives the handler slot up (held → confirming); nothing if the
-    /// delivery holds none.
-    pub(crate) fn release_slot(&self) -> bool {
-        self.shared.slot.release()
+    /// Gives the permit up (kept → confirming); nothing if the delivery
+    /// keeps none.
+    pub(crate) fn give_up_permit(&self) -> bool {
+        self.shared.permit.give_up()
     }
-    /// Takes a handler slot again if the delivery gave its up (a rung copy
+    /// Takes a permit again if the delivery gave its up (a rung copy
     /// refused after it was queued: the delivery is retried here, and its
     /// next attempt runs a handler). Waits for a permit like a claim does;
     /// cancel-safe (dropped, the delivery stays confirming).
-    pub(crate) async fn take_slot_back(&self) {
-        let Some(semaphore) = self.shared.slot.given_up() else {
+    pub(crate) async fn take_permit_back(&self) {
+        let Some(semaphore) = self.shared.permit.given_up() else {
             return;
         };
         // The semaphore is never closed.
         if let Ok(permit) = semaphore.acquire_owned().await {
-            self.shared.slot.take_back(permit);
+            self.shared.permit.take_back(permit);
         }
     }
     /// User extensions.
@@ -504,19 +504,19 @@ impl Delivery {
     }
 }
 
-/// A claim's hold on its delivery's handler slot: the permit goes back to
-/// its semaphore when the claim ends (this is dropped), whether the
-/// delivery still held it or not. One reference count, no allocation.
-pub(crate) struct SlotHandle(Arc<Shared>);
+/// A claim's guard over its delivery's permit: the permit goes back to its
+/// semaphore when the claim ends (this is dropped), whether the delivery
+/// still kept it or not. One reference count, no allocation.
+pub(crate) struct PermitGuard(Arc<Shared>);
 
-impl Drop for SlotHandle {
+impl Drop for PermitGuard {
     fn drop(&mut self) {
-        self.0.slot.end();
+        self.0.permit.end();
     }
 }
 
-impl std::fmt::Debug for SlotHandle {
+impl std::fmt::Debug for PermitGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("SlotHandle").field(&self.0.slot).finish()
+        f.debug_tuple("PermitGuard").field(&self.0.permit).finish()
     }
 }

@@ -140,6 +140,7 @@ pub mod inbox;
 mod lifeline;
 pub mod partition;
 pub mod pause;
+mod permit;
 mod publish;
 pub mod redelivery;
 pub mod retry;

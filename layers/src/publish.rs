@@ -45,21 +45,21 @@ pub struct Outgoing<'a> {
 impl Outgoing<'_> {
     /// Tells the layer that published this copy that it is queued on the
     /// channel and only its confirm is still awaited: the delivery gives up
-    /// its handler slot (the concurrency permit its claim took), so the
-    /// next delivery's handler can run while this confirm is outstanding.
+    /// the concurrency permit its claim took, so the next delivery's
+    /// handler can run while this confirm is outstanding.
     /// The delivery becomes *confirming*: still in flight (counted, waited
     /// for by the drain), still unacknowledged (bounded by the prefetch),
     /// and settled only once the confirm is in. A [`Publish`]
     /// implementation calls it between sending the copy and awaiting its
-    /// confirm; one that never calls it keeps the slot held until the
-    /// outcome exists, as a delivery without a claim point always does.
+    /// confirm; one that never calls it keeps the permit until the outcome
+    /// exists, as a delivery without a claim point always does.
     ///
     /// If the copy then fails and the delivery is retried in this process
-    /// (a rung copy refused), the retry layer takes a slot back before the
-    /// next attempt. Calling it more than once, or for a delivery that
-    /// holds no slot, does nothing.
+    /// (a rung copy refused), the retry layer takes a permit back before
+    /// the next attempt. Calling it more than once, or for a delivery that
+    /// keeps no permit, does nothing.
     pub fn queued(&self) {
-        self.delivery.release_slot();
+        self.delivery.give_up_permit();
     }
 }
 
@@ -187,8 +187,8 @@ pub trait Publish: Clone + Send + Sync + 'static {
     /// message is [`PublishError::Unroutable`], never success.
     ///
     /// Call [`Outgoing::queued`] once the copy is sent and only its confirm
-    /// is awaited: the delivery's handler slot is then free for the next
-    /// handler while the confirm is outstanding.
+    /// is awaited: the delivery's concurrency permit is then free for the
+    /// next handler while the confirm is outstanding.
     fn publish(
         &self,
         message: Outgoing<'_>,

@@ -8,7 +8,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::PollSemaphore;
 use tower::{Layer, Service};
 
-use super::counter::{Guard, Slot};
+use super::counter::{Guard, QueueCount};
 use super::future::ClaimFuture;
 use super::{Delivery, InFlightCounter};
 use crate::Decision;
@@ -65,8 +65,8 @@ impl<S> Layer<S> for ClaimLayer {
 pub struct Claim<S> {
     inner: S,
     counter: InFlightCounter,
-    /// The slot of the last queue seen, so the hot path needs no lock.
-    last: Option<Arc<Slot>>,
+    /// The count of the last queue seen, so the hot path needs no lock.
+    last: Option<Arc<QueueCount>>,
     limit: Option<PollSemaphore>,
     /// Taken by `poll_ready`, given to the next claimed delivery.
     permit: Option<OwnedSemaphorePermit>,
@@ -99,17 +99,6 @@ impl<S> Claim<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    fn slot(&mut self, queue: &Arc<str>) -> Arc<Slot> {
-        match &self.last {
-            Some(slot) if slot.is_for(queue) => slot.clone(),
-            _ => {
-                let slot = self.counter.slot(queue);
-                self.last = Some(slot.clone());
-                slot
-            }
-        }
-    }
 }
 
 impl<S> Service<Delivery> for Claim<S>
@@ -136,14 +125,14 @@ where
             // permit stays here for the next delivery.
             return ClaimFuture::refused();
         }
-        let slot = self.slot(req.queue_arc());
+        let count = self.counter.queue_count(&mut self.last, req.queue_arc());
         // Counted before the inner `call` runs: a panic in it uncounts.
-        let guard = Guard::new(slot);
+        let guard = Guard::new(count);
         // The permit goes into the delivery's shared part, where the layers
         // below can give it up while only a copy's confirm is awaited; the
-        // handle gives it back when the claim ends.
-        let held = self.permit.take().map(|permit| req.hold_slot(permit));
-        ClaimFuture::claimed(self.inner.call(req), guard, held)
+        // guard gives it back when the claim ends.
+        let kept = self.permit.take().map(|permit| req.keep_permit(permit));
+        ClaimFuture::claimed(self.inner.call(req), guard, kept)
     }
 }
 

@@ -1,4 +1,4 @@
-//! The shared counter: a total, per-queue slots and the idle signal.
+//! The shared counter: a total, per-queue counts and the idle signal.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,9 +15,9 @@ use crate::sync::{self, Notify};
 #[derive(Clone)]
 pub struct InFlightCounter {
     pub(crate) shared: Arc<Shared>,
-    // The per-queue slots (apart from `Shared`, which every slot points
-    // to: a guard holds its slot alone, one reference count per delivery).
-    queues: Arc<Mutex<Vec<Arc<Slot>>>>,
+    // The per-queue counts (apart from `Shared`, which every count points
+    // to: a guard holds its count alone, one reference count per delivery).
+    queues: Arc<Mutex<Vec<Arc<QueueCount>>>>,
 }
 
 pub(crate) struct Shared {
@@ -29,14 +29,14 @@ pub(crate) struct Shared {
 }
 
 /// The count of one queue.
-pub(crate) struct Slot {
+pub(crate) struct QueueCount {
     pub(crate) queue: Arc<str>,
     count: AtomicUsize,
     shared: Arc<Shared>,
 }
 
-impl Slot {
-    /// Whether this slot counts `queue` (pointer first, then the text).
+impl QueueCount {
+    /// Whether this counts `queue` (pointer first, then the text).
     pub(crate) fn is_for(&self, queue: &Arc<str>) -> bool {
         Arc::ptr_eq(&self.queue, queue) || *self.queue == **queue
     }
@@ -64,8 +64,8 @@ impl InFlightCounter {
     pub fn get(&self, queue: &str) -> usize {
         self.lock()
             .iter()
-            .find(|slot| &*slot.queue == queue)
-            .map_or(0, |slot| slot.count.load(Ordering::Acquire))
+            .find(|c| &*c.queue == queue)
+            .map_or(0, |c| c.count.load(Ordering::Acquire))
     }
 
     /// The count of every queue seen so far, including those at 0.
@@ -75,7 +75,7 @@ impl InFlightCounter {
     pub fn snapshot(&self) -> BTreeMap<String, usize> {
         self.lock()
             .iter()
-            .map(|slot| (slot.queue.to_string(), slot.count.load(Ordering::Acquire)))
+            .map(|c| (c.queue.to_string(), c.count.load(Ordering::Acquire)))
             .collect()
     }
 
@@ -98,22 +98,40 @@ impl InFlightCounter {
         WaitIdle::new(self.shared.clone())
     }
 
-    /// The slot of `queue`, created on first sight.
-    pub(crate) fn slot(&self, queue: &Arc<str>) -> Arc<Slot> {
-        let mut queues = self.lock();
-        if let Some(slot) = queues.iter().find(|slot| slot.is_for(queue)) {
-            return slot.clone();
+    /// The count of `queue`: `last` (the last queue a service saw) if it
+    /// is that queue's, so the hot path needs no lock; else from the
+    /// registry (created on first sight), and kept in `last`.
+    pub(crate) fn queue_count(
+        &self,
+        last: &mut Option<Arc<QueueCount>>,
+        queue: &Arc<str>,
+    ) -> Arc<QueueCount> {
+        match last {
+            Some(count) if count.is_for(queue) => count.clone(),
+            _ => {
+                let count = self.registered(queue);
+                *last = Some(count.clone());
+                count
+            }
         }
-        let slot = Arc::new(Slot {
+    }
+
+    /// The count of `queue` in the registry, created on first sight.
+    fn registered(&self, queue: &Arc<str>) -> Arc<QueueCount> {
+        let mut queues = self.lock();
+        if let Some(count) = queues.iter().find(|c| c.is_for(queue)) {
+            return count.clone();
+        }
+        let count = Arc::new(QueueCount {
             queue: queue.clone(),
             count: AtomicUsize::new(0),
             shared: self.shared.clone(),
         });
-        queues.push(slot.clone());
-        slot
+        queues.push(count.clone());
+        count
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<QueueCount>>> {
         // The registry is only pushed to; a panic elsewhere cannot leave it
         // inconsistent, so a poisoned lock is still good.
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
@@ -135,9 +153,9 @@ impl fmt::Debug for InFlightCounter {
     }
 }
 
-impl fmt::Debug for Slot {
+impl fmt::Debug for QueueCount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Slot")
+        f.debug_struct("QueueCount")
             .field("queue", &self.queue)
             .field("count", &self.count.load(Ordering::Relaxed))
             .finish()
@@ -146,21 +164,21 @@ impl fmt::Debug for Slot {
 
 /// One delivery in flight: counted on creation, uncounted on drop.
 pub(crate) struct Guard {
-    slot: Arc<Slot>,
+    of: Arc<QueueCount>,
 }
 
 impl Guard {
-    pub(crate) fn new(slot: Arc<Slot>) -> Self {
-        slot.count.fetch_add(1, Ordering::AcqRel);
-        slot.shared.total.fetch_add(1, Ordering::AcqRel);
-        Guard { slot }
+    pub(crate) fn new(of: Arc<QueueCount>) -> Self {
+        of.count.fetch_add(1, Ordering::AcqRel);
+        of.shared.total.fetch_add(1, Ordering::AcqRel);
+        Guard { of }
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let shared = &self.slot.shared;
-        self.slot.count.fetch_sub(1, Ordering::AcqRel);
+        let shared = &self.of.shared;
+        self.of.count.fetch_sub(1, Ordering::AcqRel);
         // `total` written, then `waiters` read; `WaitIdle` does the
         // opposite: in the single order of `SeqCst` accesses one of the
         // two sees the other's write, so the last guard either sees the
@@ -177,7 +195,7 @@ impl Drop for Guard {
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("queue", &self.slot.queue)
+            .field("queue", &self.of.queue)
             .finish()
     }
 }

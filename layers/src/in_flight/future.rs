@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::counter::{Guard, Shared};
-use crate::delivery::SlotHandle;
+use crate::delivery::PermitGuard;
 use crate::sync::atomic::Ordering;
 use crate::sync::{self, OwnedNotified};
 
@@ -133,21 +133,21 @@ pin_project! {
         #[pin]
         inner: Option<F>,
         guard: Option<Guard>,
-        slot: Option<ClaimSlot>,
+        permit: Option<ClaimPermit>,
     }
 }
 
 /// A claimed delivery's concurrency permit: kept in the delivery, where the
 /// layers below may give it up (the usual case), or kept here by a second
 /// claim point under a first.
-pub(crate) type ClaimSlot = Result<SlotHandle, tokio::sync::OwnedSemaphorePermit>;
+pub(crate) type ClaimPermit = Result<PermitGuard, tokio::sync::OwnedSemaphorePermit>;
 
 impl<F> ClaimFuture<F> {
-    pub(crate) fn claimed(inner: F, guard: Guard, slot: Option<ClaimSlot>) -> Self {
+    pub(crate) fn claimed(inner: F, guard: Guard, permit: Option<ClaimPermit>) -> Self {
         ClaimFuture {
             inner: Some(inner),
             guard: Some(guard),
-            slot,
+            permit,
         }
     }
 
@@ -155,7 +155,7 @@ impl<F> ClaimFuture<F> {
         ClaimFuture {
             inner: None,
             guard: None,
-            slot: None,
+            permit: None,
         }
     }
 }
@@ -174,7 +174,7 @@ where
         let output = std::task::ready!(inner.poll(cx));
         // Uncount and free the permit as soon as the result exists.
         this.guard.take();
-        this.slot.take();
+        this.permit.take();
         Poll::Ready(output)
     }
 }

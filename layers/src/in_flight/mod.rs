@@ -20,7 +20,7 @@
 //! - Per-queue counts are keyed by [`Delivery::queue`]. A queue appears in
 //!   the snapshot from its first delivery on and stays there (at 0) after.
 //! - The hot path is atomics only: each [`InFlight`] service caches the
-//!   counter slot of the last queue it saw; the registry behind the counter
+//!   count of the last queue it saw; the registry behind the counter
 //!   is locked only when a service meets a queue it has not just seen.
 //!
 //! # Order
@@ -64,8 +64,8 @@
 //! Between in flight and settled there is one more state. When a failing
 //! delivery's handler has returned and its rung or dead-letter copy has
 //! been sent, only the copy's confirm is still awaited: the delivery is
-//! **confirming**. It gives up its handler slot — the claim keeps the
-//! permit in the delivery's shared part, and the transport's
+//! **confirming**. It gives up its concurrency permit — the claim keeps
+//! the permit in the delivery's shared part, and the transport's
 //! [`Publish`](crate::Publish) implementation frees it with
 //! [`Outgoing::queued`](crate::Outgoing::queued) between sending the copy
 //! and awaiting its confirm — so the next delivery's handler runs while
@@ -83,11 +83,11 @@
 //!   [`Lifeline`](crate::Lifeline)).
 //!
 //! A rung copy refused after it was sent leaves the delivery to be retried
-//! in process: the retry layer takes a slot back (waiting for a permit like
-//! a claim) before its in-process wait and next attempt.
+//! in process: the retry layer takes a permit back (waiting for it like a
+//! claim) before its in-process wait and next attempt.
 //! [`Delivery::is_confirming`] tells the state. Without a concurrency limit,
 //! or with a `Publish` that never calls `queued`, nothing changes: the
-//! delivery holds its slot until its outcome exists.
+//! delivery keeps its permit until its outcome exists.
 //!
 //! # Example
 //!
@@ -148,7 +148,6 @@ mod counter;
 pub mod future;
 mod layer;
 mod service;
-pub(crate) mod slot;
 
 pub use claim::{Claim, ClaimLayer};
 pub use counter::InFlightCounter;

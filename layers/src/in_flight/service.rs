@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
-use super::counter::{Guard, Slot};
+use super::counter::{Guard, QueueCount};
 use super::future::ResponseFuture;
 use super::{Delivery, InFlightCounter, InFlightLayer};
 
@@ -19,8 +19,8 @@ use super::{Delivery, InFlightCounter, InFlightLayer};
 pub struct InFlight<S> {
     inner: S,
     counter: InFlightCounter,
-    /// The slot of the last queue seen, so the hot path needs no lock.
-    last: Option<Arc<Slot>>,
+    /// The count of the last queue seen, so the hot path needs no lock.
+    last: Option<Arc<QueueCount>>,
 }
 
 impl<S> InFlight<S> {
@@ -52,17 +52,6 @@ impl<S> InFlight<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    fn slot(&mut self, queue: &Arc<str>) -> Arc<Slot> {
-        match &self.last {
-            Some(slot) if slot.is_for(queue) => slot.clone(),
-            _ => {
-                let slot = self.counter.slot(queue);
-                self.last = Some(slot.clone());
-                slot
-            }
-        }
-    }
 }
 
 impl<S> Service<Delivery> for InFlight<S>
@@ -78,9 +67,9 @@ where
     }
 
     fn call(&mut self, req: Delivery) -> Self::Future {
-        let slot = self.slot(req.queue_arc());
+        let count = self.counter.queue_count(&mut self.last, req.queue_arc());
         // Counted before the inner `call` runs: a panic in it uncounts.
-        let guard = Guard::new(slot);
+        let guard = Guard::new(count);
         ResponseFuture::new(self.inner.call(req), guard)
     }
 }

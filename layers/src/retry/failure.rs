@@ -58,7 +58,7 @@ where
                 Ok(()) => return Ok(scheduled_on_rung(&delivery, next)),
                 Err(e) => {
                     rung_refused(&config, &delivery, attempt, &next.rung, e);
-                    take_slot_back(&config, &delivery).await;
+                    take_permit_back(&config, &delivery).await;
                     true
                 }
             }
@@ -214,12 +214,12 @@ async fn wait_in_process<P, C>(config: &Config<P, C>, delivery: &Delivery, wait:
 }
 
 /// A refused rung copy may have been queued before it failed, and the
-/// delivery then gave up its handler slot ([`Outgoing::queued`]): it takes
-/// one back before it waits here, since in-process waits and the next
+/// delivery then gave up its concurrency permit ([`Outgoing::queued`]): it
+/// takes one back before it waits here, since in-process waits and the next
 /// attempt run holding one. Unless the drain begins or the channel is lost
 /// first: no attempt follows then (the wait after this ends at once).
-async fn take_slot_back<P, C>(config: &Config<P, C>, delivery: &Delivery) {
-    let back = pin!(delivery.take_slot_back());
+async fn take_permit_back<P, C>(config: &Config<P, C>, delivery: &Delivery) {
+    let back = pin!(delivery.take_permit_back());
     let lifeline = delivery.lifeline().clone();
     let draining = pin!(config.draining.cancelled());
     let lost = pin!(lifeline.lost());
