@@ -4,46 +4,20 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
 use futures::Stream;
 use pin_project_lite::pin_project;
 
-use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::AtomicWaker;
+mod wakers;
 
-const BITS: usize = u64::BITS as usize;
+use wakers::Wakers;
 
 pin_project! {
     #[project = CellProj]
     enum Cell<F> {
         Empty,
         Running { #[pin] fut: F },
-    }
-}
-
-/// Sixty-four slots' wake bits and the owner's waker.
-struct Chunk {
-    woken: AtomicU64,
-    owner: Arc<AtomicWaker>,
-}
-
-/// The waker of one slot: made once, when the slot is, and reused by every
-/// request the slot runs.
-struct SlotWaker {
-    chunk: Arc<Chunk>,
-    bit: u64,
-}
-
-impl Wake for SlotWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.chunk.woken.fetch_or(self.bit, Ordering::AcqRel);
-        self.chunk.owner.wake();
     }
 }
 
@@ -92,16 +66,10 @@ impl Wake for SlotWaker {
 #[must_use = "streams do nothing unless polled"]
 pub struct Slots<F> {
     cells: Vec<Pin<Box<Cell<F>>>>,
-    wakers: Vec<Waker>,
-    chunks: Vec<Arc<Chunk>>,
-    // Slots to poll, taken from the chunks' bits (and set by push).
-    scan: Vec<u64>,
-    // Slots to poll once more after their first `Pending`.
-    nudge: Vec<u64>,
+    wakers: Wakers,
     free: Vec<usize>,
     len: usize,
     woken_all: bool,
-    owner: Arc<AtomicWaker>,
 }
 
 impl<F> Slots<F> {
@@ -114,14 +82,10 @@ impl<F> Slots<F> {
     pub fn with_capacity(n: usize) -> Self {
         let mut slots = Slots {
             cells: Vec::with_capacity(n),
-            wakers: Vec::with_capacity(n),
-            chunks: Vec::new(),
-            scan: Vec::new(),
-            nudge: Vec::new(),
+            wakers: Wakers::with_capacity(n),
             free: Vec::with_capacity(n),
             len: 0,
             woken_all: false,
-            owner: Arc::new(AtomicWaker::new()),
         };
         for _ in 0..n {
             let i = slots.add_slot();
@@ -152,12 +116,11 @@ impl<F> Slots<F> {
         };
         self.cells[i].as_mut().set(Cell::Running { fut });
         self.len += 1;
-        let (w, bit) = (i / BITS, 1u64 << (i % BITS));
-        self.scan[w] |= bit;
+        self.wakers.mark(i);
         // A free slot's nudge bit is clear (cleared when its last request
         // finished).
         if self.woken_all {
-            self.nudge[w] |= bit;
+            self.wakers.nudge(i);
         }
     }
 
@@ -169,42 +132,22 @@ impl<F> Slots<F> {
         self.woken_all = true;
         for (i, cell) in self.cells.iter().enumerate() {
             if matches!(cell.as_ref().get_ref(), Cell::Running { .. }) {
-                let (w, bit) = (i / BITS, 1u64 << (i % BITS));
-                self.scan[w] |= bit;
+                self.wakers.mark(i);
                 // One pushed but not polled yet meets the cancellation in
                 // its first poll, which a layer woken by its transport
                 // answers `Pending` without asking the token: poll it once
                 // more, as one pushed from now on.
-                self.nudge[w] |= bit;
+                self.wakers.nudge(i);
             }
         }
     }
 
     fn add_slot(&mut self) -> usize {
         let i = self.cells.len();
-        if i.is_multiple_of(BITS) {
-            self.chunks.push(Arc::new(Chunk {
-                woken: AtomicU64::new(0),
-                owner: self.owner.clone(),
-            }));
-            self.scan.push(0);
-            self.nudge.push(0);
-        }
-        let chunk = self.chunks[i / BITS].clone();
-        self.wakers.push(Waker::from(Arc::new(SlotWaker {
-            chunk,
-            bit: 1u64 << (i % BITS),
-        })));
+        debug_assert_eq!(i, self.wakers.len());
+        self.wakers.add();
         self.cells.push(Box::pin(Cell::Empty));
         i
-    }
-
-    // The lowest slot marked for a poll, unmarked.
-    fn next_marked(&mut self) -> Option<usize> {
-        let w = self.scan.iter().position(|&bits| bits != 0)?;
-        let b = self.scan[w].trailing_zeros() as usize;
-        self.scan[w] &= !(1u64 << b);
-        Some(w * BITS + b)
     }
 }
 
@@ -223,14 +166,11 @@ impl<F: Future> Stream for Slots<F> {
             return Poll::Ready(None);
         }
         // Registered before the bits are read: a wake after this wakes us.
-        this.owner.register(cx.waker());
         // The woken bits are taken once per call, first: a request that
         // wakes itself in its poll is polled again in the next call.
-        for (w, chunk) in this.chunks.iter().enumerate() {
-            this.scan[w] |= chunk.woken.swap(0, Ordering::AcqRel);
-        }
+        this.wakers.register_and_take_woken(cx.waker());
         loop {
-            let Some(i) = this.next_marked() else {
+            let Some(i) = this.wakers.next_marked() else {
                 return Poll::Pending;
             };
             let mut cell = this.cells[i].as_mut();
@@ -239,19 +179,17 @@ impl<F: Future> Stream for Slots<F> {
             let CellProj::Running { fut } = cell.as_mut().project() else {
                 continue;
             };
-            let (w, bit) = (i / BITS, 1u64 << (i % BITS));
-            match fut.poll(&mut Context::from_waker(&this.wakers[i])) {
+            match fut.poll(&mut Context::from_waker(this.wakers.get(i))) {
                 Poll::Ready(out) => {
                     cell.set(Cell::Empty);
                     this.free.push(i);
                     this.len -= 1;
-                    this.nudge[w] &= !bit;
+                    this.wakers.take_nudge(i);
                     return Poll::Ready(Some(out));
                 }
                 Poll::Pending => {
-                    if this.nudge[w] & bit != 0 {
-                        this.nudge[w] &= !bit;
-                        this.wakers[i].wake_by_ref();
+                    if this.wakers.take_nudge(i) {
+                        this.wakers.get(i).wake_by_ref();
                     }
                 }
             }
@@ -278,7 +216,9 @@ impl<F> fmt::Debug for Slots<F> {
 mod tests {
     use super::*;
     use futures::StreamExt;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Waker;
 
     // Pending until told; counts its polls.
     struct Gate {
