@@ -60,7 +60,7 @@ const CONCURRENCY: usize = 8;
 const GRACE: Duration = Duration::from_secs(10);
 /// How long a cancelled handler may go on before the cancel layer
 /// abandons it (acemq's default `abandon_after`).
-const ABANDON_AFTER: Duration = Duration::from_secs(5);
+const ABANDON_AFTER: Duration = CancelLayer::DEFAULT_ABANDON_AFTER;
 
 /// The handler: plain async code; the layers decide what its result means.
 async fn handle(delivery: Delivery) -> Result<(), BoxError> {

@@ -307,10 +307,6 @@ impl std::fmt::Debug for TestQueue {
     }
 }
 
-/// How long a handler may run on after cancellation in the harness, as
-/// `App`'s default.
-const ABANDON_AFTER: Duration = Duration::from_secs(5);
-
 impl TestQueue {
     /// The stack for `queue` around `handler`, with no layers of yours.
     pub fn new<H>(queue: QueueConfig, handler: H) -> Self
@@ -377,7 +373,9 @@ impl TestQueue {
                 publisher: publisher.clone(),
                 draining: draining.clone(),
                 cancel: Cancellation::new(cancel.clone()),
-                abandon_after: ABANDON_AFTER,
+                // How long a handler may run on after cancellation: as
+                // `App`'s default.
+                abandon_after: crate::config::Config::DEFAULT_ABANDON_AFTER,
                 woken_by_loop: false,
             },
             &stack,

@@ -169,6 +169,6 @@ pub use lifeline::{Cancellation, Lifeline};
 pub use partition::{Partition, PartitionLayer};
 pub use pause::{Circuit, Pause, PauseHandle, PauseLayer};
 pub use publish::{ErrorReply, Outgoing, Publish, PublishError};
-pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
+pub use redelivery::{RedeliveryLimit, RedeliveryLimitLayer};
 pub use retry::{delay_label, rung_name, Retry, RetryLayer, RetryPolicy, RetryWaits};
 pub use verdict::{IntoVerdict, Verdict};

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_layers::cancel::DEFAULT_ABANDON_AFTER;
 use acemq_layers::{
     BoxError, Cancel, CancelLayer, Class, Classify, Decision, DefaultClassifier, Delivery,
     HandlerPanic,
@@ -179,7 +178,7 @@ async fn a_handler_that_ignores_its_token_is_abandoned_at_abandon_after_and_not_
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn abandonment_waits_the_default_five_seconds() {
-    assert_eq!(DEFAULT_ABANDON_AFTER, Duration::from_secs(5));
+    assert_eq!(CancelLayer::DEFAULT_ABANDON_AFTER, Duration::from_secs(5));
     let root = CancellationToken::new();
     let svc = ServiceBuilder::new()
         .layer(CancelLayer::new(root.clone()))
@@ -190,7 +189,7 @@ async fn abandonment_waits_the_default_five_seconds() {
     let start = Instant::now();
     root.cancel();
     assert_eq!(task.await.unwrap().unwrap(), Decision::Abandoned);
-    assert_eq!(start.elapsed(), DEFAULT_ABANDON_AFTER);
+    assert_eq!(start.elapsed(), CancelLayer::DEFAULT_ABANDON_AFTER);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -201,8 +201,10 @@ impl QueueConfig {
         QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES
     }
 
-    /// The default `max_redeliveries`: 50.
-    pub const DEFAULT_MAX_REDELIVERIES: u32 = acemq_layers::DEFAULT_MAX_REDELIVERIES;
+    /// The default `max_redeliveries`: 50, the redelivery limit layer's
+    /// default.
+    pub const DEFAULT_MAX_REDELIVERIES: u32 =
+        acemq_layers::RedeliveryLimitLayer::DEFAULT_MAX_REDELIVERIES;
 
     fn default_consume() -> bool {
         true
@@ -289,8 +291,9 @@ pub struct RetriesConfig {
 }
 
 impl RetriesConfig {
-    /// The default `broker_wait_threshold`: 30 s.
-    pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
+    /// The default `broker_wait_threshold`: 30 s, the retry policy's
+    /// default.
+    pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = RetryPolicy::DEFAULT_BROKER_WAIT_THRESHOLD;
 
     /// A schedule of `max_attempts` in all, `initial_delay` doubling up to
     /// `max_delay`, with the other fields at their defaults

@@ -137,8 +137,8 @@ impl Default for Config {
 impl Config {
     /// The default `shutdown_timeout`: 20 s.
     pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
-    /// The default `abandon_after`: 5 s.
-    pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(5);
+    /// The default `abandon_after`: 5 s, the cancellation layer's default.
+    pub const DEFAULT_ABANDON_AFTER: Duration = acemq_layers::CancelLayer::DEFAULT_ABANDON_AFTER;
     /// The default `host_timeout`: 30 s.
     pub const DEFAULT_HOST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default `connect_timeout`: 10 s.

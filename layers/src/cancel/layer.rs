@@ -6,10 +6,6 @@ use super::Cancel;
 use crate::lifeline::Cancellation;
 use crate::sync::CancellationToken;
 
-/// How long a handler may run on after its token is cancelled before it is
-/// abandoned, unless [`CancelLayer::abandon_after`] says otherwise: 5 s.
-pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(5);
-
 /// Gives each request a child of a root token, catches panics and abandons
 /// handlers that ignore cancellation; see the [module docs](super).
 #[derive(Clone, Debug)]
@@ -29,12 +25,17 @@ enum Root {
 }
 
 impl CancelLayer {
+    /// How long a handler may run on after its token is cancelled before it
+    /// is abandoned, unless [`abandon_after`](Self::abandon_after) says
+    /// otherwise: 5 s.
+    pub const DEFAULT_ABANDON_AFTER: Duration = Duration::from_secs(5);
+
     /// Children of `root` for every request; abandons after
-    /// [`DEFAULT_ABANDON_AFTER`].
+    /// [`DEFAULT_ABANDON_AFTER`](Self::DEFAULT_ABANDON_AFTER).
     pub const fn new(root: CancellationToken) -> Self {
         CancelLayer {
             root: Root::Token(root),
-            abandon_after: DEFAULT_ABANDON_AFTER,
+            abandon_after: Self::DEFAULT_ABANDON_AFTER,
             self_waking: true,
         }
     }
@@ -48,7 +49,7 @@ impl CancelLayer {
     pub const fn from_cancellation(cancellation: Cancellation) -> Self {
         CancelLayer {
             root: Root::View(cancellation),
-            abandon_after: DEFAULT_ABANDON_AFTER,
+            abandon_after: Self::DEFAULT_ABANDON_AFTER,
             self_waking: true,
         }
     }
@@ -76,7 +77,8 @@ impl CancelLayer {
     }
 
     /// How long a handler may run on after its token is cancelled before
-    /// it is abandoned (default [`DEFAULT_ABANDON_AFTER`]).
+    /// it is abandoned (default
+    /// [`DEFAULT_ABANDON_AFTER`](Self::DEFAULT_ABANDON_AFTER)).
     pub const fn abandon_after(mut self, abandon_after: Duration) -> Self {
         self.abandon_after = abandon_after;
         self

@@ -25,7 +25,7 @@
 //!    [`Class::Panic`](crate::Class::Panic);
 //! 4. abandons a handler that is still running
 //!    [`abandon_after`](CancelLayer::abandon_after) (default
-//!    [`DEFAULT_ABANDON_AFTER`], 5 s) after its token was cancelled: the
+//!    [`CancelLayer::DEFAULT_ABANDON_AFTER`], 5 s) after its token was cancelled: the
 //!    handler's future is dropped and the request resolves to
 //!    [`Decision::Abandoned`].
 //!
@@ -95,7 +95,7 @@ mod service;
 mod slots;
 
 pub use future::Wakeable;
-pub use layer::{CancelLayer, DEFAULT_ABANDON_AFTER};
+pub use layer::CancelLayer;
 pub use service::Cancel;
 pub use slots::Slots;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::{BoxError, CancelLayer, Decision, Delivery, DEFAULT_ABANDON_AFTER};
+use super::{BoxError, CancelLayer, Decision, Delivery};
 use crate::lifeline::Cancellation;
 use crate::sync::CancellationToken;
 use crate::IntoVerdict;
@@ -30,12 +30,12 @@ pub struct Cancel<S> {
 
 impl<S> Cancel<S> {
     /// Wraps `inner`, giving each request a view of `root`; abandons after
-    /// [`DEFAULT_ABANDON_AFTER`].
+    /// [`CancelLayer::DEFAULT_ABANDON_AFTER`].
     pub fn new(inner: S, root: CancellationToken) -> Self {
         Cancel {
             inner,
             view: Cancellation::new(root),
-            abandon_after: DEFAULT_ABANDON_AFTER,
+            abandon_after: CancelLayer::DEFAULT_ABANDON_AFTER,
             self_waking: true,
         }
     }
@@ -46,7 +46,7 @@ impl<S> Cancel<S> {
         Cancel {
             inner,
             view: cancellation,
-            abandon_after: DEFAULT_ABANDON_AFTER,
+            abandon_after: CancelLayer::DEFAULT_ABANDON_AFTER,
             self_waking: true,
         }
     }

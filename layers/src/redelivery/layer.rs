@@ -2,10 +2,6 @@ use tower::Layer;
 
 use super::RedeliveryLimit;
 
-/// The default bound on broker redeliveries: 50, well above what deploys,
-/// drains and reconnects cause.
-pub const DEFAULT_MAX_REDELIVERIES: u32 = 50;
-
 /// Dead-letters, without calling the service below, a delivery the broker
 /// redelivered more than `max` times; see the [module docs](super).
 #[derive(Clone, Copy, Debug)]
@@ -14,6 +10,10 @@ pub struct RedeliveryLimitLayer {
 }
 
 impl RedeliveryLimitLayer {
+    /// The default bound on broker redeliveries: 50, well above what
+    /// deploys, drains and reconnects cause.
+    pub const DEFAULT_MAX_REDELIVERIES: u32 = 50;
+
     /// At most `max` redeliveries (`x-delivery-count` up to `max` passes).
     pub const fn new(max: u32) -> Self {
         RedeliveryLimitLayer { max }
@@ -26,9 +26,9 @@ impl RedeliveryLimitLayer {
 }
 
 impl Default for RedeliveryLimitLayer {
-    /// [`DEFAULT_MAX_REDELIVERIES`].
+    /// [`DEFAULT_MAX_REDELIVERIES`](Self::DEFAULT_MAX_REDELIVERIES).
     fn default() -> Self {
-        RedeliveryLimitLayer::new(DEFAULT_MAX_REDELIVERIES)
+        RedeliveryLimitLayer::new(Self::DEFAULT_MAX_REDELIVERIES)
     }
 }
 

@@ -24,7 +24,7 @@
 //! through untouched.
 //!
 //! The count also grows with every drain hand-back, pause hand-back and
-//! reconnect requeue, so it is its own bound ([`DEFAULT_MAX_REDELIVERIES`],
+//! reconnect requeue, so it is its own bound ([`RedeliveryLimitLayer::DEFAULT_MAX_REDELIVERIES`],
 //! 50), not `max_attempts`: deploys must not use up a message's attempts.
 //! Rung and dead-letter copies never carry `x-delivery-count` nor
 //! `x-acquired-count` (the copy is a new message to the broker), so a
@@ -78,7 +78,7 @@ mod layer;
 mod service;
 mod strikes;
 
-pub use layer::{RedeliveryLimitLayer, DEFAULT_MAX_REDELIVERIES};
+pub use layer::RedeliveryLimitLayer;
 pub use service::RedeliveryLimit;
 
 pub(crate) use service::limited;

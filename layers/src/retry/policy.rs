@@ -36,20 +36,25 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// The default `broker_wait_threshold`: delays of 30 s and more wait on
+    /// a rung.
+    pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
+
     /// One attempt, no retry.
     pub const fn none() -> Self {
         RetryPolicy {
             max_attempts: 1,
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(1),
-            broker_wait_threshold: Duration::from_secs(30),
+            broker_wait_threshold: Self::DEFAULT_BROKER_WAIT_THRESHOLD,
             jitter: false,
             retry_panics: false,
         }
     }
 
     /// `max_attempts` in all, `initial_delay` doubling up to `max_delay`;
-    /// waits of 30 s and more on a rung, no jitter, panics not retried.
+    /// waits of [`DEFAULT_BROKER_WAIT_THRESHOLD`](Self::DEFAULT_BROKER_WAIT_THRESHOLD)
+    /// (30 s) and more on a rung, no jitter, panics not retried.
     ///
     /// ```
     /// use std::time::Duration;
@@ -68,7 +73,7 @@ impl RetryPolicy {
             max_attempts,
             initial_delay,
             max_delay,
-            broker_wait_threshold: Duration::from_secs(30),
+            broker_wait_threshold: Self::DEFAULT_BROKER_WAIT_THRESHOLD,
             jitter: false,
             retry_panics: false,
         }
