@@ -506,7 +506,7 @@ fn fate(decision: &Decision, published: &[Published]) -> Fate {
             headers: published
                 .iter()
                 .rev()
-                .find(|p| p.queue.ends_with(".dlq"))
+                .find(|p| p.queue.ends_with(acemq_layers::dead_letter::DLQ_SUFFIX))
                 .map(|p| p.headers.clone())
                 .unwrap_or_default(),
         },

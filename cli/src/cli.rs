@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use acemq::layers::dead_letter::{dlq_name, DLQ_SUFFIX};
 use clap::{Args, Parser, Subcommand};
 
 /// What `--reason` accepts: the reasons acemq writes to `x-acemq-reason`.
@@ -146,9 +147,9 @@ fn parse_peek_reason(s: &str) -> Result<String, String> {
 
 /// The dead-letter queue and the work queue a QUEUE argument names.
 pub(crate) fn queue_pair(queue: &str) -> (String, String) {
-    match queue.strip_suffix(".dlq") {
+    match queue.strip_suffix(DLQ_SUFFIX) {
         Some(work) if !work.is_empty() => (queue.to_owned(), work.to_owned()),
-        _ => (format!("{queue}.dlq"), queue.to_owned()),
+        _ => (dlq_name(queue), queue.to_owned()),
     }
 }
 

@@ -232,7 +232,7 @@ impl QueueConfig {
 
     /// The name of the dead-letter queue: `{name}.dlq`.
     pub fn dlq_name(&self) -> String {
-        format!("{}.dlq", self.name)
+        acemq_layers::dead_letter::dlq_name(&self.name)
     }
 
     /// The rung queues of the schedule, one per distinct delay at or above

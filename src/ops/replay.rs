@@ -238,7 +238,7 @@ pub async fn replay_on(
     queue: &str,
     options: ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
-    let dlq = format!("{queue}.dlq");
+    let dlq = acemq_layers::dead_letter::dlq_name(queue);
     let mut report = ReplayReport {
         from: dlq.clone(),
         to: queue.to_owned(),

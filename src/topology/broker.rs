@@ -237,7 +237,7 @@ impl Topology {
         conn: &Connection,
         q: &str,
     ) -> Result<(), TopologyError> {
-        let dlq = format!("{q}.dlq");
+        let dlq = acemq_layers::dead_letter::dlq_name(q);
         let rungs = format!("{q}.retry.");
         let bindings: Vec<&BindingDecl> = self.bindings().iter().filter(|b| b.queue == q).collect();
         for x in self.exchanges() {

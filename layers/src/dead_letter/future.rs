@@ -190,7 +190,7 @@ async fn publish<P: Publish, C>(
         return Decision::HandBack;
     }
     truncate(&mut decision.error, MAX_ERROR_LEN);
-    let dlq = format!("{}.dlq", delivery.queue());
+    let dlq = super::dlq_name(delivery.queue());
     let headers = headers(&delivery, &decision);
     let publisher = &config.publisher;
     let first = publisher

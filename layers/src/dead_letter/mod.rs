@@ -125,3 +125,16 @@ pub const QUEUE_HEADER: &str = "x-acemq-queue";
 pub const DEAD_LETTERED_AT_HEADER: &str = "x-acemq-dead-lettered-at";
 /// The longest error text written to [`ERROR_HEADER`], in bytes (4 KiB).
 pub const MAX_ERROR_LEN: usize = 4096;
+
+/// What a dead-letter queue's name adds to its queue's: `.dlq`.
+pub const DLQ_SUFFIX: &str = ".dlq";
+
+/// The dead-letter queue of `queue`, where the layer publishes its copies:
+/// `{queue}.dlq`.
+///
+/// ```
+/// assert_eq!(acemq_layers::dead_letter::dlq_name("shop.orders"), "shop.orders.dlq");
+/// ```
+pub fn dlq_name(queue: &str) -> String {
+    format!("{queue}{DLQ_SUFFIX}")
+}
