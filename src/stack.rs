@@ -460,7 +460,7 @@ where
     let outer = stack.outer.layer(formed);
     // `ordered_by`: a delivery waiting for its key's turn is held (before
     // the claim), and the key is kept through in-process retries.
-    let partition = ordered_by.map(|by| acemq_layers::PartitionLayer::new(by.key()));
+    let partition = ordered_by.map(|by| acemq_layers::PartitionLayer::new(by.clone()));
     let through = ServiceBuilder::new()
         .option_layer(partition)
         .layer(MapResultLayer::new(unsealed))

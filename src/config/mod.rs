@@ -57,9 +57,11 @@ mod validate;
 mod validate_limits;
 mod validate_routing;
 
+/// What a queue's deliveries are ordered by (a queue's `ordered_by`: the
+/// partition layer's own key, read from config).
+pub use acemq_layers::partition::OrderedBy;
 pub use breaker::CircuitBreakerConfig;
 pub use error::{ConfigError, Format};
-pub use ordering::OrderedBy;
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 pub use schema::{Config, TlsConfig};

@@ -14,37 +14,29 @@
 //! keeps the key; a retry through a rung gives up the order for that
 //! message (it comes back at the end of the queue). See
 //! [`acemq_layers::partition`].
+//!
+//! The config reads it into the partition layer's own
+//! [`OrderedBy`](acemq_layers::partition::OrderedBy) (re-exported as
+//! [`acemq::config::OrderedBy`](crate::config::OrderedBy)): one type for the
+//! key, whether it comes from a file or from code.
+//!
+//! ```
+//! use acemq::config::{Config, OrderedBy};
+//!
+//! let config = Config::from_yaml_str(
+//!     "queues: [{ name: shop.orders, ordered_by: { header: x-customer } }]",
+//! ).unwrap();
+//! assert_eq!(config.queues[0].ordered_by, Some(OrderedBy::Header("x-customer".into())));
+//! ```
 
-use serde::{Deserialize, Serialize};
+use acemq_layers::partition::OrderedBy;
+use serde::{Deserialize, Deserializer};
 
 use super::error::ConfigError;
 
-/// What a queue's deliveries are ordered by (`ordered_by`).
-///
-/// ```
-/// use acemq::config::{Config, OrderedBy};
-///
-/// let config = Config::from_yaml_str(
-///     "queues: [{ name: shop.orders, ordered_by: { header: x-customer } }]",
-/// ).unwrap();
-/// assert_eq!(config.queues[0].ordered_by, Some(OrderedBy::Header("x-customer".into())));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "Raw", into = "Raw")]
-pub enum OrderedBy {
-    /// `{ header: NAME }`: the value of this header (a string, byte array
-    /// or integer; a delivery without it runs unordered).
-    Header(String),
-    /// `routing_key`: the routing key the message was first published with.
-    RoutingKey,
-    /// `message_id`: the message id property (a delivery without one runs
-    /// unordered).
-    MessageId,
-}
-
 /// The written forms: `routing_key`, `message_id`, `{ header: NAME }`
 /// (the same in YAML, TOML and JSON).
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(untagged)]
 enum Raw {
     Name(String),
@@ -56,7 +48,7 @@ impl TryFrom<Raw> for OrderedBy {
 
     fn try_from(raw: Raw) -> Result<Self, String> {
         match raw {
-            Raw::Header { header } => Ok(OrderedBy::Header(header)),
+            Raw::Header { header } => Ok(OrderedBy::Header(header.into())),
             Raw::Name(name) => match name.as_str() {
                 "routing_key" => Ok(OrderedBy::RoutingKey),
                 "message_id" => Ok(OrderedBy::MessageId),
@@ -68,44 +60,33 @@ impl TryFrom<Raw> for OrderedBy {
     }
 }
 
-impl From<OrderedBy> for Raw {
-    fn from(by: OrderedBy) -> Raw {
-        match by {
-            OrderedBy::Header(header) => Raw::Header { header },
-            OrderedBy::RoutingKey => Raw::Name("routing_key".into()),
-            OrderedBy::MessageId => Raw::Name("message_id".into()),
-        }
-    }
+/// Reads a queue's `ordered_by` (absent or `null`: none).
+pub(super) fn deserialize<'de, D>(deserializer: D) -> Result<Option<OrderedBy>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    Option::<Raw>::deserialize(deserializer)?
+        .map(|raw| OrderedBy::try_from(raw).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
-impl OrderedBy {
-    /// The partition layer's key for this choice.
-    pub fn key(&self) -> acemq_layers::partition::OrderedBy {
-        match self {
-            OrderedBy::Header(name) => acemq_layers::partition::OrderedBy::header(name.as_str()),
-            OrderedBy::RoutingKey => acemq_layers::partition::OrderedBy::RoutingKey,
-            OrderedBy::MessageId => acemq_layers::partition::OrderedBy::MessageId,
+/// Checks the `ordered_by` of `queues[index]`.
+pub(crate) fn validate_at(by: &OrderedBy, index: usize) -> Result<(), ConfigError> {
+    if let OrderedBy::Header(name) = by {
+        if name.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                format!("queues[{index}].ordered_by.header"),
+                "is empty",
+                "name the header that carries the key, e.g. `ordered_by: { header: x-customer }`, or use `routing_key` or `message_id`",
+            ));
         }
     }
-
-    /// Checks the choice of `queues[index]`.
-    pub(crate) fn validate_at(&self, index: usize) -> Result<(), ConfigError> {
-        if let OrderedBy::Header(name) = self {
-            if name.trim().is_empty() {
-                return Err(ConfigError::invalid(
-                    format!("queues[{index}].ordered_by.header"),
-                    "is empty",
-                    "name the header that carries the key, e.g. `ordered_by: { header: x-customer }`, or use `routing_key` or `message_id`",
-                ));
-            }
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::OrderedBy;
+    use super::{validate_at, OrderedBy};
     use crate::config::QueueConfig;
 
     fn queue(yaml: &str) -> Result<QueueConfig, serde_yaml_ng::Error> {
@@ -134,7 +115,7 @@ mod tests {
 
     #[test]
     fn an_empty_header_name_is_rejected_naming_the_field() {
-        let e = OrderedBy::Header(" ".into()).validate_at(2).unwrap_err();
+        let e = validate_at(&OrderedBy::Header(" ".into()), 2).unwrap_err();
         assert!(e.to_string().contains("queues[2].ordered_by.header"), "{e}");
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use acemq_layers::partition::OrderedBy;
 use acemq_layers::{rung_name, RetryPolicy};
 use serde::Deserialize;
 
@@ -144,9 +145,9 @@ pub struct QueueConfig {
     #[serde(default = "QueueConfig::default_max_redeliveries")]
     pub max_redeliveries: u32,
     /// Per-key ordering: `{ header: NAME }`, `routing_key` or `message_id`
-    /// (see [`OrderedBy`](super::OrderedBy)); none by default.
-    #[serde(default)]
-    pub ordered_by: Option<super::ordering::OrderedBy>,
+    /// (see [`OrderedBy`]); none by default.
+    #[serde(default, deserialize_with = "super::ordering::deserialize")]
+    pub ordered_by: Option<OrderedBy>,
     /// How many times the broker may time out a message's acknowledgement
     /// (its `consumer_timeout`: it closes the channel, or on RabbitMQ 4.3
     /// cancels the consumer, and every unacknowledged delivery comes back)

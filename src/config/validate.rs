@@ -99,7 +99,7 @@ impl Config {
             }
             queue.validate_at(i)?;
             if let Some(ordered_by) = &queue.ordered_by {
-                ordered_by.validate_at(i)?;
+                super::ordering::validate_at(ordered_by, i)?;
             }
         }
         self.validate_limits()?;
