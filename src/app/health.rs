@@ -139,7 +139,7 @@ pub struct QueueSnapshot {
     pub name: String,
     /// Deliveries in flight now: handlers running, and deliveries
     /// *confirming* (their handler returned, their rung or dead-letter
-    /// copy sent and its confirm awaited, their handler slot already free),
+    /// copy sent and its confirm awaited, their concurrency permit already free),
     /// so it can exceed the queue's `concurrency`.
     pub in_flight: usize,
     /// Deliveries held now: at the pause gate, and (a queue consumed in

@@ -17,7 +17,7 @@ use super::builder::App;
 use super::error::StartError;
 use super::generation::Starter;
 use super::running::Running;
-use super::supervisor::{self, Opened, QueueSlot, Shared};
+use super::supervisor::{self, Opened, QueueParts, Shared};
 use crate::app::drain::{Background, Drain, Link};
 use crate::app::health::Health;
 use crate::config::address::resolve_checked_addresses;
@@ -71,7 +71,7 @@ impl App {
         // then fails); otherwise it runs through: once the consumers are
         // spawned, `Running` exists to drain them.
         publisher.set_topology(started.topology.clone());
-        let slots = queue_slots(&plan.config, starters, &batches, &health);
+        let queues = queue_parts(&plan.config, starters, &batches, &health);
         // The supervisor's cells get their first connections (health reads
         // them connected from here).
         connections
@@ -87,7 +87,7 @@ impl App {
             options: plan.options,
             name: plan.name,
             factory: plan.factory,
-            slots,
+            queues,
             health: health.clone(),
             publisher: publisher.clone(),
             topology: started.topology,
@@ -315,13 +315,13 @@ async fn open_first_generations(
 ///
 /// A queue consumed in batches claims `max_size × concurrency` deliveries
 /// at once (its `concurrency` counts batches, limited where they form).
-fn queue_slots(
+fn queue_parts(
     config: &Config,
     mut starters: Vec<(String, Starter)>,
     batches: &[(String, crate::batch::BatchSize)],
     health: &Health,
-) -> Vec<QueueSlot> {
-    let mut slots = Vec::new();
+) -> Vec<QueueParts> {
+    let mut queues = Vec::new();
     for q in &config.queues {
         let idx = starters
             .iter()
@@ -331,11 +331,11 @@ fn queue_slots(
         let gate = PauseHandle::new();
         let stats = Arc::new(QueueStats::default());
         health.add_queue(&q.name, gate.clone(), stats.clone());
-        slots.push(QueueSlot {
+        queues.push(QueueParts {
             starter,
             gate,
             stats,
-            slots: Arc::new(Semaphore::new(
+            permits: Arc::new(Semaphore::new(
                 batches
                     .iter()
                     .find(|(name, _)| name == &q.name)
@@ -345,7 +345,7 @@ fn queue_slots(
             )),
         });
     }
-    slots
+    queues
 }
 
 /// Installs every queue's first generation and spawns its runner. When

@@ -33,9 +33,9 @@ pub(crate) struct ConsumerLoop<S> {
     pub(crate) channel: Channel,
     pub(crate) consumer: Consumer,
     pub(crate) service: S,
-    /// The queue's concurrency limit, shared by its generations (taken
+    /// The queue's concurrency permits, shared by its generations (taken
     /// at the stack's claim point; here only a size hint).
-    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) permits: Arc<Semaphore>,
     /// The queue's `concurrency`.
     pub(crate) concurrency: usize,
     pub(crate) policy: PrefetchPolicy,
@@ -68,7 +68,7 @@ where
             channel,
             mut consumer,
             service,
-            slots,
+            permits,
             concurrency,
             policy,
             dead_letter,
@@ -107,7 +107,7 @@ where
         // Each handler runs in a slot whose waker was made with the slot:
         // no allocation or reference count per delivery, and one call wakes
         // them all.
-        let handlers = Slots::with_capacity(slots.available_permits());
+        let handlers = Slots::with_capacity(permits.available_permits());
         let settles = Writer::new(&channel);
         // The handlers' cancellation: the stack's cancel layer registers no
         // waiter (woken_by_transport), the loop wakes every running handler

@@ -19,7 +19,7 @@ impl Publish for Publisher {
         }
         crate::telemetry::inject_copy(&mut headers);
         let props = properties_to_lapin(message.delivery.properties(), &headers);
-        // Sent: the delivery's handler slot is free for the next handler
+        // Sent: the delivery's concurrency permit is free for the next handler
         // while this copy's confirm is outstanding (it is confirming).
         let delivery = message.delivery;
         self.send_then("", message.queue, delivery.body(), props, true, || {

@@ -65,7 +65,7 @@
 //! | `Abandoned` | nothing: the channel's close returns it to the broker |
 //!
 //! An abandoned delivery (the cancel layer gave up on a handler that ignored
-//! its cancellation) stays unacknowledged, holding a prefetch slot, until
+//! its cancellation) stays unacknowledged, counted against the prefetch, until
 //! the channel closes; no `multiple` ack ever covers it, so the
 //! acknowledgements above it go out singly after the time bound from then
 //! on. Abandon only on the way to closing the channel, as a drain does.

@@ -8,7 +8,7 @@
 //!
 //! Shaped like mini-redis's listener: the runner owns the queue's
 //! concurrency semaphore (shared by its generations, so an old generation's
-//! handlers still hold their slots while a new one starts) and hands each
+//! handlers still hold their permits while a new one starts) and hands each
 //! generation the shutdown tokens; a generation's whole life is one
 //! [`ConsumerLoop`] whose `run` returns when it is done.
 //!
@@ -23,4 +23,4 @@ mod shared;
 
 pub(crate) use connection::supervise;
 pub(crate) use queue::run_queue;
-pub(crate) use shared::{open, Opened, QueueSlot, Shared};
+pub(crate) use shared::{open, Opened, QueueParts, Shared};

@@ -12,7 +12,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tracing::{error, info, warn};
 
 use super::shared::{
-    consume_on, panic_message, sleep_or_stop, Installed, Next, Opened, QueueSlot, Shared,
+    consume_on, panic_message, sleep_or_stop, Installed, Next, Opened, QueueParts, Shared,
 };
 use crate::app::error::StartError;
 use crate::backoff::{Backoff, BACKOFF_MAX};
@@ -31,7 +31,7 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installe
         shared: &shared,
         index,
         q: &shared.config.queues[index],
-        slot: &shared.slots[index],
+        parts: &shared.queues[index],
         backoff: Backoff::new(),
     };
     let mut first = Some(first);
@@ -47,7 +47,7 @@ pub(crate) async fn run_queue(shared: Arc<Shared>, index: usize, first: Installe
             }
         };
         let (join, ended, channel) = installed;
-        let stats = &runner.slot.stats;
+        let stats = &runner.parts.stats;
         if stats.down.load(Ordering::Acquire) {
             stats.down.store(false, Ordering::Release);
         }
@@ -74,7 +74,7 @@ struct Runner<'a> {
     shared: &'a Shared,
     index: usize,
     q: &'a QueueConfig,
-    slot: &'a QueueSlot,
+    parts: &'a QueueParts,
     backoff: Backoff,
 }
 
@@ -98,7 +98,7 @@ impl Runner<'_> {
             Err(panic) => {
                 let q = self.q;
                 error!(queue = %q.name, "building the handler stack panicked ({panic}); the queue is consumed again after a backoff");
-                self.slot.stats.down.store(true, Ordering::Release);
+                self.parts.stats.down.store(true, Ordering::Release);
                 recovered(&q.name, "panic");
                 let delay = self.backoff.next_delay();
                 self.again_after(delay).await
@@ -184,7 +184,7 @@ impl Runner<'_> {
         ended: &mut oneshot::Receiver<End>,
         channel: &Channel,
     ) -> Ending {
-        let gate = &self.slot.gate;
+        let gate = &self.parts.gate;
         let bound = self.shared.config.pause_hand_back_after;
         let mut parked = false;
         loop {
@@ -209,7 +209,7 @@ impl Runner<'_> {
     async fn park(&self, channel: &Channel) {
         let q = self.q;
         let bound = self.shared.config.pause_hand_back_after;
-        self.slot.stats.parked.store(true, Ordering::Release);
+        self.parts.stats.parked.store(true, Ordering::Release);
         info!(queue = %q.name, "paused for longer than pause_hand_back_after ({bound:?}): its consumer is cancelled and its deliveries handed back, so other instances take the work; resume consumes it again");
         let tag = format!("{}-{}", self.shared.name, q.name);
         let cancel = channel.basic_cancel(
@@ -223,7 +223,7 @@ impl Runner<'_> {
             warn!(queue = %q.name, "basic.cancel failed ({e}); closing the channel hands the deliveries back instead");
             let _ = close_channel(channel, "paused").await;
         }
-        self.slot.gate.hand_back_held();
+        self.parts.gate.hand_back_held();
     }
 
     /// Why the generation ended: the loop's word, or without one, nothing —
@@ -249,7 +249,7 @@ impl Runner<'_> {
                         let q = self.q;
                         let msg = panic_message(&*e.into_panic());
                         error!(queue = %q.name, "the consumer loop panicked ({msg}): its channel is closed so its deliveries go back to the broker, and the queue is consumed again after a backoff; readiness is off meanwhile");
-                        self.slot.stats.down.store(true, Ordering::Release);
+                        self.parts.stats.down.store(true, Ordering::Release);
                         recovered(&q.name, "panic");
                         if channel.status().connected() {
                             let _ = close_channel(channel, "consumer loop panicked").await;
@@ -266,8 +266,7 @@ impl Runner<'_> {
     /// Recovers from a generation's end, by its kind.
     async fn recover(&mut self, why: Option<End>) -> Next {
         let q = self.q;
-        let slot = self.slot;
-        let stats = &slot.stats;
+        let stats = &self.parts.stats;
         match why {
             None | Some(End::Drained) => {
                 if self.shared.intake.is_cancelled() {
@@ -282,7 +281,7 @@ impl Runner<'_> {
             Some(End::Parked) => {
                 tokio::select! {
                     () = self.shared.intake.cancelled() => return Next::Stop,
-                    () = self.slot.gate.resumed() => {}
+                    () = self.parts.gate.resumed() => {}
                 }
                 stats.parked.store(false, Ordering::Release);
                 info!(queue = %q.name, "resumed: consuming the queue again");
@@ -306,7 +305,7 @@ impl Runner<'_> {
     /// reach the new consumer.
     async fn recover_cancelled(&mut self) -> Next {
         let q = self.q;
-        self.slot.stats.down.store(true, Ordering::Release);
+        self.parts.stats.down.store(true, Ordering::Release);
         recovered(&q.name, "cancelled-by-broker");
         let delay = self.backoff.next_delay();
         info!(queue = %q.name, "declaring the queue again and consuming it in {delay:.1?}");
@@ -321,7 +320,7 @@ impl Runner<'_> {
         if shared.intake.is_cancelled() {
             return Next::Stop;
         }
-        self.slot.stats.down.store(true, Ordering::Release);
+        self.parts.stats.down.store(true, Ordering::Release);
         let live = shared.live(ConnectionRole::Consumer);
         let connection_alive = live.current().is_some_and(|c| c.status().connected());
         if connection_alive {

@@ -27,12 +27,12 @@ use crate::publisher::Publisher;
 use crate::topology::Topology;
 
 /// One queue's parts that outlive its generations.
-pub(crate) struct QueueSlot {
+pub(crate) struct QueueParts {
     pub(crate) starter: Starter,
     pub(crate) gate: PauseHandle,
     pub(crate) stats: Arc<QueueStats>,
-    /// The queue's concurrency limit, shared by its generations.
-    pub(crate) slots: Arc<Semaphore>,
+    /// The queue's concurrency permits, shared by its generations.
+    pub(crate) permits: Arc<Semaphore>,
 }
 
 /// What every generation is built from.
@@ -44,7 +44,8 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     /// The user's connection factory, for every reconnect too.
     pub(crate) factory: Option<ConnectionFactory>,
-    pub(crate) slots: Vec<QueueSlot>,
+    /// Each queue's parts, in the config's order of queues.
+    pub(crate) queues: Vec<QueueParts>,
     pub(crate) health: Health,
     pub(crate) publisher: Publisher,
     pub(crate) topology: Topology,
@@ -120,7 +121,7 @@ impl Shared {
         opened: Opened,
     ) -> Result<Option<Installed>, String> {
         let q = &self.config.queues[index];
-        let slot = &self.slots[index];
+        let parts = &self.queues[index];
         let (tx, rx) = oneshot::channel();
         let cancel = self.root.child_token();
         let ctx = StartCtx {
@@ -132,9 +133,9 @@ impl Shared {
             publisher: &self.publisher,
             intake: &self.intake,
             draining: &self.draining,
-            stats: slot.stats.clone(),
-            gate: slot.gate.clone(),
-            slots: slot.slots.clone(),
+            stats: parts.stats.clone(),
+            gate: parts.gate.clone(),
+            permits: parts.permits.clone(),
             // The handlers' token rides on the lifeline every delivery of
             // the generation shares: the cancellation layer hands it over
             // without a reference count (`CancelLayer::from_cancellation`).
@@ -144,7 +145,7 @@ impl Shared {
         };
         // Building the stack clones the handler: a panicking `Clone` must
         // not take the runner down with it.
-        let fut: LoopFuture = panic::catch_unwind(AssertUnwindSafe(|| (slot.starter)(ctx)))
+        let fut: LoopFuture = panic::catch_unwind(AssertUnwindSafe(|| (parts.starter)(ctx)))
             .map_err(|p| panic_message(&*p))?;
         let mut queues = self.link.queues.locked();
         if self.intake.is_cancelled() {
@@ -155,11 +156,11 @@ impl Shared {
             name: q.name.clone(),
             channel: opened.channel.clone(),
             consumer_tag: opened.tag,
-            gate: slot.gate.clone(),
-            stats: slot.stats.clone(),
+            gate: parts.gate.clone(),
+            stats: parts.stats.clone(),
         });
         drop(queues);
-        slot.stats.down.store(false, Ordering::Release);
+        parts.stats.down.store(false, Ordering::Release);
         Ok(Some((join, rx, opened.channel)))
     }
 }
