@@ -48,7 +48,7 @@ fn value_from_amqp(v: &AMQPValue) -> Value {
 
 /// The longest header name or string property AMQP carries, in bytes (a
 /// short string).
-pub const MAX_SHORT_STRING_BYTES: usize = 255;
+pub const MAX_SHORT_STRING_BYTES: usize = crate::config::Config::MAX_SHORT_STRING_BYTES;
 
 /// A header name or property that AMQP cannot carry: longer than
 /// [`MAX_SHORT_STRING_BYTES`].

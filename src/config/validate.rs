@@ -9,7 +9,7 @@ use super::queue::{QueueConfig, RetriesConfig};
 use super::schema::Config;
 
 /// The longest queue name RabbitMQ accepts, in bytes (an AMQP short string).
-const MAX_QUEUE_NAME_BYTES: usize = 255;
+const MAX_QUEUE_NAME_BYTES: usize = Config::MAX_SHORT_STRING_BYTES;
 
 /// The longest `x-message-ttl` RabbitMQ accepts, in milliseconds.
 const MAX_TTL_MS: u128 = u32::MAX as u128;

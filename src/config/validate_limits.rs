@@ -10,10 +10,6 @@ use super::queue::{AckBatch, QueueConfig, RetriesConfig};
 use super::routing::Arguments;
 use super::schema::Config;
 
-/// The longest name AMQP carries (a short string), in bytes: exchange
-/// names, routing keys, argument and header names.
-const MAX_SHORT_STRING_BYTES: usize = 255;
-
 /// `d` as a human reads it in an error: `24h`, `1h 30m`, `49d 17h 2m 47.295s`.
 fn shown(d: Duration) -> String {
     let secs = d.as_secs();
@@ -47,6 +43,11 @@ fn too_long(field: String, value: Duration, max: Duration, what: &str) -> Config
 }
 
 impl Config {
+    /// The longest name AMQP carries (a short string), in bytes: queue and
+    /// exchange names, routing keys, argument and header names, string
+    /// properties.
+    pub(crate) const MAX_SHORT_STRING_BYTES: usize = 255;
+
     /// The longest `shutdown_timeout`, `abandon_after` and `host_timeout`:
     /// 24 hours.
     pub const MAX_DRAIN_DURATION: Duration = Duration::from_secs(24 * 3600);
@@ -170,8 +171,10 @@ impl Config {
     }
 }
 
-/// `text` within [`MAX_SHORT_STRING_BYTES`], or an error naming `field`.
+/// `text` within [`Config::MAX_SHORT_STRING_BYTES`], or an error naming
+/// `field`.
 fn short(field: String, what: &str, text: &str) -> Result<(), ConfigError> {
+    const MAX_SHORT_STRING_BYTES: usize = Config::MAX_SHORT_STRING_BYTES;
     if text.len() <= MAX_SHORT_STRING_BYTES {
         return Ok(());
     }
@@ -190,7 +193,7 @@ fn short(field: String, what: &str, text: &str) -> Result<(), ConfigError> {
     ))
 }
 
-/// Every argument name of `args` within [`MAX_SHORT_STRING_BYTES`].
+/// Every argument name of `args` within [`Config::MAX_SHORT_STRING_BYTES`].
 fn short_names(field: &str, what: &str, args: &Arguments) -> Result<(), ConfigError> {
     for name in args.keys() {
         short(format!("{field}.arguments"), what, name)?;

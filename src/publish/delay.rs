@@ -324,10 +324,11 @@ impl Publisher {
             ));
         };
         let queue = bucket_queue(exchange, bucket);
-        if queue.len() > 255 {
+        let max = crate::config::Config::MAX_SHORT_STRING_BYTES;
+        if queue.len() > max {
             return Err(PublishError::transport(
                 target,
-                format!("the bucket queue's name for the exchange {exchange:?} would be over 255 bytes; use a shorter exchange name"),
+                format!("the bucket queue's name for the exchange {exchange:?} would be over {max} bytes; use a shorter exchange name"),
             ));
         }
         let mut headers = headers.clone();
