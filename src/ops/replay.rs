@@ -192,7 +192,7 @@ impl ReplayError {
 }
 
 /// How long connecting may take for [`replay_dead_letters`].
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = crate::config::Config::DEFAULT_CONNECT_TIMEOUT;
 
 /// Connects to `addr` (connection name `acemq-replay@host:pid`), replays
 /// `{queue}.dlq` into `queue` (see the [module docs](self)), and closes the

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use acemq_layers::PublishError;
 
@@ -86,9 +85,13 @@ impl StandalonePublisher {
         if let Some((p, conn)) = &*current {
             return Ok((p.clone(), conn.clone()));
         }
-        let conn = connect(&self.addr, &self.name, Duration::from_secs(10))
-            .await
-            .map_err(|e| PublishError::transport_with_source("(outbox relay)", e.to_string(), e))?;
+        let conn = connect(
+            &self.addr,
+            &self.name,
+            crate::config::Config::DEFAULT_CONNECT_TIMEOUT,
+        )
+        .await
+        .map_err(|e| PublishError::transport_with_source("(outbox relay)", e.to_string(), e))?;
         let conn = Arc::new(conn);
         let p = Publisher::new(conn.clone(), Topology::default())
             .await

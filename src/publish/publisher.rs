@@ -111,7 +111,10 @@ impl Publisher {
     /// re-declares from when its queue was deleted.
     pub async fn new(connection: Arc<Connection>, topology: Topology) -> lapin::Result<Self> {
         let channel = confirm_channel(&connection).await?;
-        let p = Publisher::detached(Live::fixed(connection), Duration::from_secs(10));
+        let p = Publisher::detached(
+            Live::fixed(connection),
+            crate::config::Config::DEFAULT_CONNECT_TIMEOUT,
+        );
         *p.inner.channel.locked() = Some(channel);
         p.set_topology(topology);
         Ok(p)

@@ -69,7 +69,10 @@ impl RpcClient {
     /// in one, [`App::rpc_client`](crate::App::rpc_client) shares the
     /// publishing connection and follows its reconnects).
     pub fn new(connection: Arc<Connection>) -> Self {
-        RpcClient::on(Live::fixed(connection), Duration::from_secs(10))
+        RpcClient::on(
+            Live::fixed(connection),
+            crate::config::Config::DEFAULT_CONNECT_TIMEOUT,
+        )
     }
 
     /// A client whose connection the runner provides (and replaces after a
