@@ -110,12 +110,19 @@ impl Config {
         Ok(())
     }
 
+    /// The longest the drain waits for handlers: `shutdown_timeout`, then
+    /// `abandon_after` for those cancelled at its end. The drain's worst
+    /// case adds its own grace and close bounds to it.
+    pub(crate) fn longest_handler_wait(&self) -> Duration {
+        self.shutdown_timeout.saturating_add(self.abandon_after)
+    }
+
     /// A one-line warning when the drain cannot finish before the host stops
     /// waiting: `shutdown_timeout + abandon_after` is not below
     /// `host_timeout`. `None` when it fits. Log it at start, before the first
     /// message is taken.
     pub fn host_deadline_warning(&self) -> Option<String> {
-        let drain = self.shutdown_timeout.saturating_add(self.abandon_after);
+        let drain = self.longest_handler_wait();
         if drain < self.host_timeout {
             return None;
         }

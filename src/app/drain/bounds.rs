@@ -10,7 +10,7 @@ use super::closes::CLOSES_WORST_CASE;
 /// channels (together), the publisher's channel, the publishing connection,
 /// the consumers' connection ([`super::closes::CLOSE_STEPS`]).
 pub(crate) fn worst_case(config: &crate::config::Config) -> Duration {
-    config.shutdown_timeout + config.abandon_after + ABANDON_GRACE + CLOSES_WORST_CASE
+    config.longest_handler_wait() + ABANDON_GRACE + CLOSES_WORST_CASE
 }
 
 /// Added to `abandon_after` before the drain stops waiting for abandoned
