@@ -187,7 +187,7 @@ async fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => {
             error!(error = %e, "DATABASE_URL is not usable");
-            return ExitCode::from(78);
+            return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
     };
     let table: Arc<str> = format!("acemq_batch_rows_{}", std::process::id()).into();
@@ -197,7 +197,7 @@ async fn main() -> ExitCode {
     );
     if let Err(e) = run_sql(&pool, &create).await {
         error!(error = %e, "could not create the table");
-        return ExitCode::from(69);
+        return ExitCode::from(acemq::app::EXIT_UNAVAILABLE);
     }
     info!(%table, "table created");
 

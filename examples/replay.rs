@@ -85,7 +85,7 @@ async fn main() -> ExitCode {
             if let Some(report) = e.report() {
                 println!("{report}");
             }
-            ExitCode::from(69)
+            ExitCode::from(acemq::app::EXIT_UNAVAILABLE)
         }
     }
 }

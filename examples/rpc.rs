@@ -98,7 +98,7 @@ async fn call(n: usize) -> ExitCode {
                 "rpc: no broker at {}: {e}",
                 acemq::connection::redact(&addr)
             );
-            return ExitCode::from(69);
+            return ExitCode::from(acemq::app::EXIT_UNAVAILABLE);
         }
     };
     let client = RpcClient::new(conn);

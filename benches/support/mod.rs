@@ -58,7 +58,7 @@ pub async fn connect(name: &str) -> Connection {
                  rabbitmqctl await_startup`) or set ACEMQ_BENCH_ADDR (or AMQP_ADDR).",
                 acemq::connection::redact(&addr())
             );
-            std::process::exit(69);
+            std::process::exit(i32::from(acemq::app::EXIT_UNAVAILABLE));
         }
     }
 }

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::process::ExitCode;
 
+use acemq::app::{EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE};
+
 /// What the command's exit code says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Exit {
@@ -27,12 +29,12 @@ impl Exit {
     /// The process exit code.
     pub(crate) const fn code(self) -> u8 {
         match self {
-            Exit::Ok => 0,
+            Exit::Ok => EXIT_OK,
             Exit::Differences => 1,
             Exit::Usage => 64,
             Exit::Data => 65,
-            Exit::Unavailable => 69,
-            Exit::Config => 78,
+            Exit::Unavailable => EXIT_UNAVAILABLE,
+            Exit::Config => EXIT_CONFIG,
         }
     }
 }
