@@ -26,7 +26,7 @@ const MAX_CODE_LINES: usize = 400;
 
 /// The source folders whose files are held to [`MAX_CODE_LINES`], from the
 /// workspace root.
-const SIZED: &[&str] = &["src", "cli/src"];
+const SIZED: &[&str] = &["src", "layers/src", "cli/src"];
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
