@@ -8,7 +8,7 @@
 //!   a longer circle of them, fail. Doc comments do not count;
 //! - **a folder's `mod.rs` holds docs, `mod` lines and re-exports**: no
 //!   module below a `mod.rs` names an item that `mod.rs` defines;
-//! - **small files**: no file in `src/` or `cli/src` has over 400 code
+//! - **small files**: no file in `src/`, `layers/src` or `cli/src` has over 400 code
 //!   lines (non-blank lines that are not `//` comments, before the first
 //!   line that starts with `#[cfg(test)]`).
 //!
