@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# A throwaway RabbitMQ node beside the default broker, from Debian's
-# rabbitmq-server, for the tests whose faults touch a whole broker (memory
-# alarm, a short consumer_timeout, a broker restart, node loss).
+# A throwaway RabbitMQ node beside the default broker, for the tests whose
+# faults touch a whole broker (memory alarm, a short consumer_timeout, a
+# broker restart, node loss). The node runs the host's rabbitmq-server
+# (Debian bookworm's 3.10.8), or, when ACEMQ_BROKER_ROOT names a broker root
+# (scripts/broker-root.sh, e.g. /var/cache/acemq/sid: RabbitMQ 4.3), that
+# root's, with `chroot`.
 #
 #   scripts/broker-node.sh up     NAME PORT [EXTRA_CONF_FILE [ADVANCED_CONFIG_FILE]]
 #   scripts/broker-node.sh down   NAME PORT
 #   scripts/broker-node.sh status NAME PORT
 #   scripts/broker-node.sh pid    NAME PORT   (the node's beam.smp)
+#   scripts/broker-node.sh ctl    NAME PORT ARGS...   (rabbitmqctl -n NAME@localhost ARGS...,
+#                                                    the node's own version of it)
 #
 # NAME is the short node name (node `NAME@localhost`), PORT its AMQP port; the
 # Erlang distribution port is PORT+20000. Everything the node writes (mnesia,
-# logs, its own rabbitmq.conf and an empty enabled-plugins file) lives under
+# logs, its own rabbitmq.conf and enabled-plugins file) lives under
 # ${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}/NAME, owned by the `rabbitmq` user
-# (`/usr/sbin/rabbitmq-server` switches to it; the Erlang cookie in
-# /var/lib/rabbitmq is then shared with the default broker and rabbitmqctl).
+# (the host's, or the broker root's: the folder is mounted at the same path
+# inside the root, so the node's files are where they are for a 3.10 node).
+# A host node shares the Erlang cookie in /var/lib/rabbitmq with the default
+# broker and rabbitmqctl; a root's nodes share the root's cookie, and its
+# rabbitmqctl is `scripts/broker-bin/rabbitmqctl` (with ACEMQ_BROKER_ROOT
+# set) or this script's `ctl`.
 # EXTRA_CONF_FILE is appended to the node's rabbitmq.conf (e.g. a line
 # `consumer_timeout = 5000`). ADVANCED_CONFIG_FILE becomes the node's
 # advanced.config, for settings rabbitmq.conf cannot take on 3.10 (e.g.
 # `[{rabbit, [{channel_tick_interval, 1000}]}].`, so consumer_timeout is
 # checked every second rather than every minute). One scheduler (`+S 1:1`):
 # the machine has 2 cores.
+#
+# Plugins: none by default (an empty enabled-plugins file). ACEMQ_NODE_PLUGINS
+# (names separated by spaces or commas) enables some on `up`; with
+# `rabbitmq_stream` the node's stream port is PORT-120 (5552 is 5672's), on
+# 127.0.0.1 and advertised as such.
 #
 # `up` is idempotent (a node already up is left as it is; a node that was
 # killed is started again on its data) and waits until the node accepts AMQP
@@ -30,31 +44,74 @@
 #
 # Ports used by acemq's tests (nothing else may use them): the fault-test node
 # 5690 (dist 25690), the bench node 5695 (dist 25695), the cluster 5681–5683
-# (dist 25681–25683), the consumer-timeout node 5720 (dist 25720).
+# (dist 25681–25683), the consumer-timeout node 5720 (dist 25720), the
+# RabbitMQ 4 node of scripts/rabbitmq4.sh 5704 (dist 25704).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 up|down|status NAME PORT [EXTRA_CONF_FILE [ADVANCED_CONFIG_FILE]]" >&2
+  echo "usage: $0 up|down|status|pid NAME PORT [EXTRA_CONF_FILE [ADVANCED_CONFIG_FILE]], or ctl NAME PORT ARGS..." >&2
   exit 64
 }
 
 [ $# -ge 3 ] || usage
-cmd=$1 name=$2 port=$3 extra=${4:-} advanced=${5:-}
+cmd=$1 name=$2 port=$3
+shift 3
+extra="" advanced=""
+if [ "$cmd" != ctl ]; then
+  [ $# -le 2 ] || usage
+  extra=${1:-} advanced=${2:-}
+fi
 case "$name" in *[!A-Za-z0-9_-]*|"") echo "broker-node: NAME must be letters, digits, - or _ (got '$name')" >&2; exit 64 ;; esac
 case "$port" in *[!0-9]*|"") echo "broker-node: PORT must be a number (got '$port')" >&2; exit 64 ;; esac
+if [ "$port" -lt 1144 ] || [ "$port" -gt 45535 ]; then
+  echo "broker-node: PORT must be within 1144-45535 (got $port): the distribution port is PORT+20000, the stream port PORT-120" >&2
+  exit 64
+fi
 if [ "$port" -eq 5672 ] || [ "$name" = rabbit ]; then
   echo "broker-node: refusing to touch the default broker (rabbit@localhost:5672)" >&2
   exit 64
 fi
 
+HERE=$(cd "$(dirname "$0")" && pwd)
 node="$name@localhost"
 dist=$((port + 20000))
+stream_port=$((port - 120))
 root="${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}"
+root=${root%/}
+case "$root" in /*) ;; *) root="$PWD/$root" ;; esac
 dir="$root/$name"
+broker_root=${ACEMQ_BROKER_ROOT:-}
+broker_root=${broker_root%/}
 
-if ! command -v rabbitmq-server >/dev/null 2>&1; then
-  echo "broker-node: Debian's rabbitmq-server is not installed (apt-get install rabbitmq-server)" >&2
-  exit 69
+# The plugins to enable, as the inside of an Erlang list.
+plugins=$(printf '%s\n' "${ACEMQ_NODE_PLUGINS:-}" | tr ', ' '\n\n' | grep -v '^$' | paste -sd, - || true)
+case "$plugins" in *[!a-z0-9_,]*)
+  echo "broker-node: ACEMQ_NODE_PLUGINS names plugins (letters, digits and _; got '${ACEMQ_NODE_PLUGINS:-}')" >&2
+  exit 64
+  ;;
+esac
+streams=0
+case ",$plugins," in *,rabbitmq_stream,*) streams=1 ;; esac
+
+if [ -n "$broker_root" ]; then
+  # The root's rabbitmqctl and its siblings (scripts/broker-bin goes to the
+  # root when ACEMQ_BROKER_ROOT is set); the root is built on first use.
+  export ACEMQ_BROKER_ROOT=$broker_root
+  PATH="$HERE/broker-bin:$PATH"
+  if ! out=$("$HERE/broker-root.sh" build 2>&1); then
+    echo "$out" >&2
+    echo "broker-node: the broker root $broker_root could not be built" >&2
+    exit 69
+  fi
+  ids=$("$HERE/broker-root.sh" ids)
+  what="$("$HERE/broker-root.sh" version | sed 's/ (Debian.*//') from $broker_root"
+else
+  if ! command -v rabbitmq-server >/dev/null 2>&1; then
+    echo "broker-node: Debian's rabbitmq-server is not installed (apt-get install rabbitmq-server)" >&2
+    exit 69
+  fi
+  ids=rabbitmq:rabbitmq
+  what="the host's RabbitMQ"
 fi
 
 # rabbitmqctl against this node, as the rabbitmq user (its cookie).
@@ -64,7 +121,7 @@ ctl() { timeout "${CTL_TIMEOUT:-20}" rabbitmqctl -n "$node" "$@"; }
 # arguments do not name it reliably).
 beam_pid() {
   local p
-  for p in $(pgrep -u rabbitmq -f beam.smp 2>/dev/null || true); do
+  for p in $(pgrep -x beam.smp 2>/dev/null || true); do
     if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "RABBITMQ_NODENAME=$node"; then
       echo "$p"
       return 0
@@ -98,12 +155,17 @@ up() {
   # A folder left by a node that was killed keeps its data (a restarted
   # cluster node rejoins with it); the config files are written afresh.
   mkdir -p "$dir/mnesia" "$dir/log"
-  : >"$dir/enabled_plugins"
+  if [ -n "$plugins" ]; then echo "[$plugins]." >"$dir/enabled_plugins"; else : >"$dir/enabled_plugins"; fi
   {
     echo "listeners.tcp.1 = 127.0.0.1:$port"
     echo "loopback_users = none"
     echo "log.file.level = info"
     echo "log.console = false"
+    if [ "$streams" -eq 1 ]; then
+      echo "stream.listeners.tcp.1 = 127.0.0.1:$stream_port"
+      echo "stream.advertised_host = 127.0.0.1"
+      echo "stream.advertised_port = $stream_port"
+    fi
     if [ -n "$extra" ]; then
       [ -r "$extra" ] || { echo "broker-node: cannot read $extra" >&2; exit 66; }
       cat "$extra"
@@ -134,14 +196,23 @@ RABBITMQ_PID_FILE='$dir/pid'
 RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='+S 1:1'
 ERL_EPMD_ADDRESS=127.0.0.1
 ERL_FLAGS='-kernel inet_dist_use_interface {127,0,0,1}'
+ERL_CRASH_DUMP='$dir/log/erl_crash.dump'
 HOME=/var/lib/rabbitmq
 EOF
-  chown -R rabbitmq:rabbitmq "$root"
+  chown -R "$ids" "$root"
   chmod 755 "$root"
   # Started as the rabbitmq user directly (not through the wrapper, which
   # would send its output to the default broker's startup_log).
-  su rabbitmq -s /bin/sh -c "set -a; . '$dir/env.sh'; set +a; cd /var/lib/rabbitmq; exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached" \
-    >"$dir/log/startup_log" 2>"$dir/log/startup_err" || true
+  local start="set -a; . '$dir/env.sh'; set +a; cd /var/lib/rabbitmq; exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached"
+  if [ -n "$broker_root" ]; then
+    # In the root, with nothing of this environment; the node's folder is
+    # mounted at its own path there.
+    "$HERE/broker-root.sh" run --bind "$root" "$ids" env -i LANG=C.UTF-8 \
+      PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin /bin/sh -c "$start" \
+      >"$dir/log/startup_log" 2>"$dir/log/startup_err" || true
+  else
+    su rabbitmq -s /bin/sh -c "$start" >"$dir/log/startup_log" 2>"$dir/log/startup_err" || true
+  fi
   # await_startup fails while the node has not registered with epmd yet:
   # retry, each wait no longer than what is left of the limit, so the limit
   # holds in wall-clock time also when a node hangs in its boot (e.g. mnesia
@@ -151,7 +222,9 @@ EOF
   why="did not start within $limit s"
   while left=$((deadline - SECONDS)); [ "$left" -gt 0 ]; do
     if CTL_TIMEOUT=$((left + 5)) ctl await_startup -t "$left" >/dev/null 2>&1 && amqp_open; then
-      echo "broker-node: $node up on 127.0.0.1:$port (dist $dist) in $(secs_since "$t0") s, data in $dir"
+      local on="dist $dist"
+      [ "$streams" -eq 0 ] || on="$on, streams $stream_port"
+      echo "broker-node: $node ($what) up on 127.0.0.1:$port ($on) in $(secs_since "$t0") s, data in $dir"
       return 0
     fi
     # A beam that has gone will not come up: say so now, not at the limit.
@@ -161,7 +234,7 @@ EOF
     fi
     sleep 0.5
   done
-  echo "broker-node: $node $why ($(secs_since "$t0") s); its log:" >&2
+  echo "broker-node: $node ($what) $why ($(secs_since "$t0") s); its log:" >&2
   tail -n 30 "$dir/log/"*.log "$dir/log/startup_log" "$dir/log/startup_err" >&2 2>/dev/null || true
   # A node left half-started would hold its ports and a core: it is killed
   # (its folder stays for a look; `down` removes it).
@@ -173,10 +246,26 @@ EOF
   exit 69
 }
 
+# An epmd started from the broker root (when none ran on the host) is
+# stopped once no node is registered with it.
+stop_root_epmd() {
+  local p r names
+  [ -n "$broker_root" ] || return 0
+  for p in $(pgrep -x epmd 2>/dev/null || true); do
+    r=$(readlink "/proc/$p/root" 2>/dev/null) || continue
+    [ "$r" = "$broker_root" ] || continue
+    names=$("$HERE/broker-root.sh" run "$ids" /usr/bin/epmd -names 2>/dev/null | grep -c '^name ' || true)
+    if [ "${names:-0}" -eq 0 ]; then kill "$p" 2>/dev/null || true; fi
+  done
+}
+
 down_quiet() {
   local pid t0
   if pid=$(beam_pid); then
-    CTL_TIMEOUT=30 ctl stop >/dev/null 2>&1 || true
+    # A node of another broker root (or of the host, when this one is called
+    # with a root) does not take this CLI's cookie: SIGTERM stops it
+    # gracefully too.
+    CTL_TIMEOUT=30 ctl stop >/dev/null 2>&1 || kill -TERM "$pid" 2>/dev/null || true
     t0=$SECONDS
     while kill -0 "$pid" 2>/dev/null; do
       if [ $((SECONDS - t0)) -ge 30 ]; then
@@ -187,6 +276,7 @@ down_quiet() {
   fi
   rm -rf "$dir"
   rmdir "$root" 2>/dev/null || true
+  stop_root_epmd
 }
 
 case "$cmd" in
@@ -198,12 +288,13 @@ case "$cmd" in
     ;;
   status)
     if is_up; then
-      echo "broker-node: $node is up on 127.0.0.1:$port (dist $dist), pid $(beam_pid)"
+      echo "broker-node: $node ($what) is up on 127.0.0.1:$port (dist $dist), pid $(beam_pid)"
     else
       echo "broker-node: $node is not up"
       exit 3
     fi
     ;;
   pid) beam_pid || { echo "broker-node: $node has no beam.smp" >&2; exit 3; } ;;
+  ctl) CTL_TIMEOUT=${CTL_TIMEOUT:-60} ctl "$@" ;;
   *) usage ;;
 esac

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # A local three-node RabbitMQ cluster beside the default broker, from
-# Debian's rabbitmq-server only (no containers):
+# Debian's rabbitmq-server only (no containers): the host's (3.10.8), or the
+# broker root's that ACEMQ_BROKER_ROOT names (scripts/broker-root.sh, e.g.
+# /var/cache/acemq/sid: RabbitMQ 4.3, whose cluster keeps its metadata in
+# Khepri, a Raft store: it answers while a majority of the three runs, so
+# at most one node may be down or frozen at a time):
 #
 #   scripts/cluster.sh up       start acemq-1..3@localhost on 5681–5683 and join them
 #                               (unless they already run as one cluster: then nothing;
@@ -9,7 +13,8 @@
 #   scripts/cluster.sh status   exit 0 when all three run as one cluster, 3 otherwise
 #   scripts/cluster.sh start N  start node N again (e.g. after a kill -9), rejoining on its data
 #
-# Each node is a scripts/broker-node.sh node: its own node name, AMQP port
+# Each node is a scripts/broker-node.sh node (ACEMQ_BROKER_ROOT and
+# ACEMQ_NODE_PLUGINS pass through to it): its own node name, AMQP port
 # (5681–5683), distribution port (25681–25683), mnesia and log folders under
 # ${ACEMQ_NODE_ROOT:-/tmp/acemq-nodes}, its own rabbitmq.conf, an empty
 # plugin list, one scheduler (`+S 1:1`). They share the rabbitmq user's
@@ -22,6 +27,8 @@
 # Addresses for acemq: AMQP_ADDR=amqp://guest:guest@127.0.0.1:5681/%2f,amqp://guest:guest@127.0.0.1:5682/%2f,amqp://guest:guest@127.0.0.1:5683/%2f
 set -euo pipefail
 cd "$(dirname "$0")"
+# rabbitmqctl is the broker root's when ACEMQ_BROKER_ROOT is set.
+if [ -n "${ACEMQ_BROKER_ROOT:-}" ]; then PATH="$PWD/broker-bin:$PATH"; fi
 
 NODES=(acemq-1 acemq-2 acemq-3)
 PORTS=(5681 5682 5683)

@@ -3,7 +3,7 @@
 //! uniquely named queues and deletes them; they run in parallel safely.
 //! `rabbitmqctl` is run as `ACEMQ_RABBITMQCTL` says (default `rabbitmqctl`;
 //! `scripts/rabbitmq4.sh ctl` for the RabbitMQ 4 node, see
-//! `scripts/broker-suite-rmq4.sh`), so it talks to the same broker.
+//! `scripts/rabbitmq4-suite.sh broker`), so it talks to the same broker.
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
 mod support;

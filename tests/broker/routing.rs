@@ -419,7 +419,7 @@ async fn a_quorum_message_redelivered_past_max_redeliveries_is_dead_lettered_as_
 /// acemq's reason headers: acemq declares its quorum queues with an
 /// `x-delivery-limit` above `max_redeliveries` (60 here), and the handler's
 /// `Verdict::Requeue` goes out as a `basic.reject`, which every version
-/// counts. Runs on both brokers (scripts/broker-suite-rmq4.sh).
+/// counts. Runs on both brokers (scripts/rabbitmq4-suite.sh broker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_message_requeued_past_twenty_times_is_dead_lettered_by_acemq_at_its_default_bound_of_fifty(
 ) {
