@@ -135,7 +135,8 @@ secs_since() { local d=$(($(ms) - $1)); printf '%d.%d' $((d / 1000)) $((d % 1000
 
 amqp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
-is_up() { beam_pid >/dev/null && CTL_TIMEOUT=10 ctl await_startup -t 5 >/dev/null 2>&1 && amqp_open; }
+# (A loaded machine can take seconds to start the CLI itself.)
+is_up() { beam_pid >/dev/null && CTL_TIMEOUT=30 ctl await_startup -t 20 >/dev/null 2>&1 && amqp_open; }
 
 up() {
   if is_up; then

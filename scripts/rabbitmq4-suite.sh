@@ -43,7 +43,7 @@ export ACEMQ_BROKER_ROOT=${ACEMQ_BROKER_ROOT:-/var/cache/acemq/sid}
 # Tests left out on RabbitMQ 4, as `NAME|why` (`--skip NAME`: a test whose
 # name contains NAME does not run). Each run prints them.
 BROKER_SKIPS=(
-  "coalesce::on_a_busy_loop_a_forced_close_redelivers_only_what_finished_within_the_time_bound|its reference is the moment \`rabbitmqctl close_connection\` returns, within a 200 ms margin; the 4.3 CLI, run in the chroot, returns 0.2-0.4 s after the broker closed the connection (passes on 3.10.8)"
+  "coalesce::on_a_busy_loop_a_forced_close_redelivers_only_what_finished_within_the_time_bound|its reference is the moment \`rabbitmqctl close_connection\` returns, with a 200 ms margin; on 4.3.6 handlings that finished 0.2-0.4 s before that moment were redelivered in 2 runs of 3 (3.10.8 passed under the same load): most likely the 4.3 CLI, run in the chroot, returns that much later after the close; not yet told apart from acemq's own hold"
 )
 NODE_SKIPS=(
   "consumer_timeout::|asserts 3.x's consumer timeout on a classic queue (the channel closed); 4.3 never times out a classic queue's consumer"
