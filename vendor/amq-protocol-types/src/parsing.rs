@@ -22,6 +22,8 @@ enum VerboseErrorKind {
     Char(char),
     /// Error kind given by various nom parsers
     Nom(ErrorKind),
+    /// Field tables or arrays nested deeper than `MAX_NESTING_DEPTH`
+    NestingTooDeep,
 }
 
 /// Struct holding the errors stack
@@ -39,6 +41,24 @@ impl ParserErrors {
     #[cfg(feature = "verbose-errors")]
     fn init_errors() -> Option<Vec<VerboseErrorKind>> {
         Some(Vec::new())
+    }
+
+    fn nesting_too_deep() -> Self {
+        Self {
+            error: VerboseErrorKind::NestingTooDeep,
+            errors: Self::init_errors(),
+        }
+    }
+
+    /// Whether parsing stopped at a field table or field array nested deeper
+    /// than [`MAX_NESTING_DEPTH`].
+    ///
+    /// The parsers return this error as [`nom::Err::Failure`], so that it is not
+    /// taken for the end of a list of entries and comes out of the parser that
+    /// started the descent as it was raised.
+    #[must_use]
+    pub fn is_nesting_too_deep(&self) -> bool {
+        self.error == VerboseErrorKind::NestingTooDeep
     }
 }
 
@@ -100,10 +120,37 @@ pub type ParserError = nom::Err<ParserErrors>;
 /// Return type of parsers
 pub type ParserResult<I, T> = Result<(I, T), ParserError>;
 
+/// The deepest nesting of field tables and field arrays that the parsers accept.
+///
+/// Tables and arrays may hold tables and arrays, and the parsers descend into
+/// them recursively, one set of stack frames a level. Without a bound, a
+/// message of a few kilobytes whose headers nest a few hundred levels deep
+/// overflows the stack of the thread that parses it, which aborts the process.
+///
+/// The outermost table or array is level 1: a table holding an array of
+/// tables, such as RabbitMQ's `x-death` header inside a message's headers, is
+/// 3 levels deep. A table or array below level `MAX_NESTING_DEPTH` makes the
+/// parsers fail with an error for which [`ParserErrors::is_nesting_too_deep`]
+/// is true, before they descend into it.
+///
+/// 64 levels are far more than any structure met in practice, and parsing
+/// them takes well under half of the 2 MiB stack of a default thread, even
+/// in an unoptimised build (a level costs a few kilobytes of stack there,
+/// a few hundred bytes in an optimised one).
+pub const MAX_NESTING_DEPTH: usize = 64;
+
 /// Parse the [AMQPValue](../type.AMQPValue.html) of the given [AMQPType](../type.AMQPType.html)
 #[must_use]
 pub fn parse_raw_value<I: ParsableInput>(
     amqp_type: AMQPType,
+) -> impl Parser<I, Output = AMQPValue, Error = ParserErrors> {
+    raw_value_at(amqp_type, 0)
+}
+
+/// [`parse_raw_value`] for a value inside `depth` tables and arrays.
+fn raw_value_at<I: ParsableInput>(
+    amqp_type: AMQPType,
+    depth: usize,
 ) -> impl Parser<I, Output = AMQPValue, Error = ParserErrors> {
     context("parse_raw_value", move |i| match amqp_type {
         AMQPType::Boolean => map(parse_boolean, AMQPValue::Boolean).parse(i),
@@ -121,9 +168,17 @@ pub fn parse_raw_value<I: ParsableInput>(
         AMQPType::DecimalValue => map(parse_decimal_value, AMQPValue::DecimalValue).parse(i),
         AMQPType::ShortString => map(parse_short_string, AMQPValue::ShortString).parse(i),
         AMQPType::LongString => map(parse_long_string, AMQPValue::LongString).parse(i),
-        AMQPType::FieldArray => map(parse_field_array, AMQPValue::FieldArray).parse(i),
+        AMQPType::FieldArray => map(
+            move |i| parse_field_array_at(i, depth + 1),
+            AMQPValue::FieldArray,
+        )
+        .parse(i),
         AMQPType::Timestamp => map(parse_timestamp, AMQPValue::Timestamp).parse(i),
-        AMQPType::FieldTable => map(parse_field_table, AMQPValue::FieldTable).parse(i),
+        AMQPType::FieldTable => map(
+            move |i| parse_field_table_at(i, depth + 1),
+            AMQPValue::FieldTable,
+        )
+        .parse(i),
         AMQPType::ByteArray => map(parse_byte_array, AMQPValue::ByteArray).parse(i),
         AMQPType::Void => Ok((i, AMQPValue::Void)),
     })
@@ -131,7 +186,26 @@ pub fn parse_raw_value<I: ParsableInput>(
 
 /// Parse an [AMQPValue](../type.AMQPValue.html)
 pub fn parse_value<I: ParsableInput>(i: I) -> ParserResult<I, AMQPValue> {
-    context("parse_value", flat_map(parse_type, parse_raw_value)).parse(i)
+    parse_value_at(i, 0)
+}
+
+/// [`parse_value`] for a value inside `depth` tables and arrays.
+fn parse_value_at<I: ParsableInput>(i: I, depth: usize) -> ParserResult<I, AMQPValue> {
+    context(
+        "parse_value",
+        flat_map(parse_type, move |amqp_type| raw_value_at(amqp_type, depth)),
+    )
+    .parse(i)
+}
+
+/// Fails with [`ParserErrors::is_nesting_too_deep`] when a table or array at
+/// nesting `level` is too deep to be parsed.
+fn check_nesting<I>(i: I, level: usize) -> ParserResult<I, ()> {
+    if level > MAX_NESTING_DEPTH {
+        Err(nom::Err::Failure(ParserErrors::nesting_too_deep()))
+    } else {
+        Ok((i, ()))
+    }
 }
 
 /// Parse an [AMQPType](../type.AMQPType.html)
@@ -243,13 +317,24 @@ pub fn parse_long_string<I: ParsableInput>(i: I) -> ParserResult<I, LongString> 
 }
 
 /// Parse a [FieldArray](../type.FieldArray.html)
+///
+/// Fails if it holds tables or arrays nested deeper than [`MAX_NESTING_DEPTH`].
 pub fn parse_field_array<I: ParsableInput>(i: I) -> ParserResult<I, FieldArray> {
+    parse_field_array_at(i, 1)
+}
+
+/// [`parse_field_array`] for an array at nesting `level` (the outermost is 1).
+fn parse_field_array_at<I: ParsableInput>(i: I, level: usize) -> ParserResult<I, FieldArray> {
+    let (i, ()) = check_nesting(i, level)?;
     context(
         "parse_field_array",
         map_parser(
             flat_map(parse_long_uint, take),
             all_consuming(fold_many0(
-                context("parse_field_array_entry", complete(parse_value)),
+                context(
+                    "parse_field_array_entry",
+                    complete(move |i| parse_value_at(i, level)),
+                ),
                 FieldArray::default,
                 |mut acc, elem| {
                     acc.push(elem);
@@ -267,7 +352,15 @@ pub fn parse_timestamp<I: ParsableInput>(i: I) -> ParserResult<I, Timestamp> {
 }
 
 /// Parse a [FieldTable](../type.FieldTable.html)
+///
+/// Fails if it holds tables or arrays nested deeper than [`MAX_NESTING_DEPTH`].
 pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> {
+    parse_field_table_at(i, 1)
+}
+
+/// [`parse_field_table`] for a table at nesting `level` (the outermost is 1).
+fn parse_field_table_at<I: ParsableInput>(i: I, level: usize) -> ParserResult<I, FieldTable> {
+    let (i, ()) = check_nesting(i, level)?;
     context(
         "parse_field_table",
         map_parser(
@@ -275,7 +368,7 @@ pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> 
             all_consuming(fold_many0(
                 context(
                     "parse_field_table_entry",
-                    complete(pair(parse_short_string, parse_value)),
+                    complete(pair(parse_short_string, move |i| parse_value_at(i, level))),
                 ),
                 FieldTable::default,
                 |mut acc, (key, value)| {
@@ -286,6 +379,38 @@ pub fn parse_field_table<I: ParsableInput>(i: I) -> ParserResult<I, FieldTable> 
         ),
     )
     .parse(i)
+}
+
+/// Parse a [FieldTable](../type.FieldTable.html), or skip it whole when it cannot be parsed
+///
+/// A field table starts with the size of its contents, so one that holds
+/// tables or arrays nested deeper than [`MAX_NESTING_DEPTH`], or whose
+/// contents are malformed, can be stepped over: it yields
+/// `Err(SkippedFieldTable)`, which says how large it was and why it was
+/// skipped, and the input after it is left to parse as usual. The size prefix
+/// and all the bytes it announces must be there: a table cut short is
+/// incomplete, not skipped.
+///
+/// This is for a table whose failure should not fail what holds it, such as a
+/// message's headers: the rest of the message can still be handed over, and
+/// its receiver decide what to do with a message whose headers were dropped.
+pub fn parse_field_table_or_skip<I: ParsableInput>(
+    i: I,
+) -> ParserResult<I, Result<FieldTable, SkippedFieldTable>> {
+    let (after, size) = context("parse_field_table_or_skip", parse_long_uint).parse(i.clone())?;
+    let (after, _) = context("parse_field_table_or_skip", take(size)).parse(after)?;
+    Ok(match parse_field_table(i) {
+        Ok((rest, table)) => (rest, Ok(table)),
+        Err(nom::Err::Error(e) | nom::Err::Failure(e)) if e.is_nesting_too_deep() => (
+            after,
+            Err(SkippedFieldTable::new(size, SkipReason::NestingTooDeep)),
+        ),
+        // Every byte of the table is there: nothing more could complete it.
+        Err(_) => (
+            after,
+            Err(SkippedFieldTable::new(size, SkipReason::Malformed)),
+        ),
+    })
 }
 
 /// Parse a [ByteArray](../type.ByteArray.html)
@@ -543,6 +668,226 @@ mod test {
             ),
             Ok((EMPTY, table))
         );
+    }
+
+    /// A table nested `depth` levels deep (itself included): each level holds
+    /// the next under the name "a", the innermost is empty.
+    fn nested_tables(depth: usize) -> Vec<u8> {
+        nested(depth, b'F', true)
+    }
+
+    /// Arrays nested `depth` levels deep (the outermost included), each holding
+    /// the next as its only element, the innermost empty.
+    fn nested_arrays(depth: usize) -> Vec<u8> {
+        nested(depth, b'A', false)
+    }
+
+    /// `depth` containers of one kind (`b'F'` or `b'A'`), from the outermost
+    /// in; a table names its entry "a".
+    fn nested(depth: usize, kind: u8, tables: bool) -> Vec<u8> {
+        let entry = if tables {
+            vec![1, b'a', kind]
+        } else {
+            vec![kind]
+        };
+        // A level holds its entry and the next level (its size and contents);
+        // the innermost is empty.
+        let contents = |level: usize| ((depth - 1 - level) * (entry.len() + 4)) as u32;
+        let mut out = Vec::with_capacity(depth * (entry.len() + 4));
+        for level in 0..depth {
+            out.extend_from_slice(&contents(level).to_be_bytes());
+            if level + 1 < depth {
+                out.extend_from_slice(&entry);
+            }
+        }
+        out
+    }
+
+    fn depth_of_table(table: &FieldTable) -> usize {
+        1 + table
+            .inner()
+            .values()
+            .map(depth_of_value)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn depth_of_value(value: &AMQPValue) -> usize {
+        match value {
+            AMQPValue::FieldTable(t) => depth_of_table(t),
+            AMQPValue::FieldArray(a) => {
+                1 + a.as_slice().iter().map(depth_of_value).max().unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    fn is_nesting_too_deep<T: fmt::Debug>(res: ParserResult<&[u8], T>) -> bool {
+        match res {
+            Err(nom::Err::Failure(e)) => e.is_nesting_too_deep(),
+            other => panic!("expected a nesting failure, got {other:?}"),
+        }
+    }
+
+    /// Runs `f` on a thread with a 1 MiB stack: half a default thread's.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn test_parse_field_table_at_the_nesting_limit() {
+        let bytes = nested_tables(MAX_NESTING_DEPTH);
+        let (rest, table) = parse_field_table(&bytes[..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        assert_eq!(depth_of_table(&table), MAX_NESTING_DEPTH);
+    }
+
+    #[test]
+    fn test_parse_field_table_over_the_nesting_limit() {
+        let bytes = nested_tables(MAX_NESTING_DEPTH + 1);
+        assert!(is_nesting_too_deep(parse_field_table(&bytes[..])));
+        // Other errors are not taken for it.
+        assert!(matches!(
+            parse_field_table(&[0, 0, 0, 3, 1, 0xff, b'V'][..]),
+            Err(nom::Err::Error(e)) if !e.is_nesting_too_deep()
+        ));
+    }
+
+    #[test]
+    fn test_parse_field_array_at_and_over_the_nesting_limit() {
+        let bytes = nested_arrays(MAX_NESTING_DEPTH);
+        let (rest, array) = parse_field_array(&bytes[..]).unwrap();
+        assert_eq!(rest, EMPTY);
+        assert_eq!(
+            depth_of_value(&AMQPValue::FieldArray(array)),
+            MAX_NESTING_DEPTH
+        );
+        let bytes = nested_arrays(MAX_NESTING_DEPTH + 1);
+        assert!(is_nesting_too_deep(parse_field_array(&bytes[..])));
+    }
+
+    #[test]
+    fn test_nesting_limit_counts_tables_and_arrays_together() {
+        // A table whose entry is an array of one table, and so on.
+        fn table_array(depth: usize) -> Vec<u8> {
+            if depth == 1 {
+                return vec![0, 0, 0, 0];
+            }
+            let inner = array_table(depth - 1);
+            let mut out = ((inner.len() + 3) as u32).to_be_bytes().to_vec();
+            out.extend_from_slice(&[1, b'a', b'A']);
+            out.extend_from_slice(&inner);
+            out
+        }
+        fn array_table(depth: usize) -> Vec<u8> {
+            if depth == 1 {
+                return vec![0, 0, 0, 0];
+            }
+            let inner = table_array(depth - 1);
+            let mut out = ((inner.len() + 1) as u32).to_be_bytes().to_vec();
+            out.push(b'F');
+            out.extend_from_slice(&inner);
+            out
+        }
+        let (_, table) = parse_field_table(&table_array(MAX_NESTING_DEPTH)[..]).unwrap();
+        assert_eq!(depth_of_table(&table), MAX_NESTING_DEPTH);
+        assert!(is_nesting_too_deep(parse_field_table(
+            &table_array(MAX_NESTING_DEPTH + 1)[..]
+        )));
+    }
+
+    #[test]
+    fn test_parse_value_counts_its_own_table_as_the_first_level() {
+        let mut bytes = vec![b'F'];
+        bytes.extend(nested_tables(MAX_NESTING_DEPTH));
+        assert!(parse_value(&bytes[..]).is_ok());
+        let mut bytes = vec![b'F'];
+        bytes.extend(nested_tables(MAX_NESTING_DEPTH + 1));
+        assert!(is_nesting_too_deep(parse_value(&bytes[..])));
+        assert!(is_nesting_too_deep(
+            parse_raw_value(AMQPType::FieldTable).parse(&bytes[1..])
+        ));
+    }
+
+    #[test]
+    fn test_deep_nesting_fails_without_descending_past_the_limit() {
+        // 1,000 levels (7 KB) and 100,000 levels (700 KB) on half a default
+        // thread's stack: without the limit, a few hundred levels overflow
+        // a default thread in an unoptimised build.
+        for depth in [1_000, 100_000] {
+            let tables = nested_tables(depth);
+            let arrays = nested_arrays(depth);
+            let (tables_too_deep, arrays_too_deep) = on_small_stack(move || {
+                (
+                    is_nesting_too_deep(parse_field_table(&tables[..])),
+                    is_nesting_too_deep(parse_field_array(&arrays[..])),
+                )
+            });
+            assert!(tables_too_deep && arrays_too_deep, "depth {depth}");
+        }
+        // And the deepest accepted table parses on that stack too.
+        let bytes = nested_tables(MAX_NESTING_DEPTH);
+        assert!(on_small_stack(move || parse_field_table(&bytes[..]).is_ok()));
+    }
+
+    #[test]
+    fn test_parse_field_table_or_skip() {
+        let rest = [42u8, 43];
+        let with_rest = |table: &[u8]| [table, &rest[..]].concat();
+
+        // A table that parses is returned as such.
+        let bytes = with_rest(&nested_tables(MAX_NESTING_DEPTH));
+        let (after, table) = parse_field_table_or_skip(&bytes[..]).unwrap();
+        assert_eq!(after, &rest[..]);
+        assert_eq!(depth_of_table(&table.unwrap()), MAX_NESTING_DEPTH);
+
+        // One too deep is skipped whole, with its size and the reason.
+        for depth in [MAX_NESTING_DEPTH + 1, 1_000] {
+            let table = nested_tables(depth);
+            let size = table.len() as LongUInt - 4;
+            let bytes = with_rest(&table);
+            let (after, skipped) = parse_field_table_or_skip(&bytes[..]).unwrap();
+            assert_eq!(after, &rest[..]);
+            assert_eq!(
+                skipped,
+                Err(SkippedFieldTable::new(size, SkipReason::NestingTooDeep))
+            );
+        }
+
+        // So is a malformed one: a name that is not UTF-8, an unknown type, a
+        // value running past the table's end.
+        for table in [
+            &[0, 0, 0, 3, 1, 0xff, b'V'][..],
+            &[0, 0, 0, 3, 1, b'a', b'Z'][..],
+            &[0, 0, 0, 4, 1, b'a', b'I', 0][..],
+        ] {
+            let bytes = with_rest(table);
+            let (after, skipped) = parse_field_table_or_skip(&bytes[..]).unwrap();
+            assert_eq!(after, &rest[..]);
+            assert_eq!(
+                skipped,
+                Err(SkippedFieldTable::new(
+                    table.len() as LongUInt - 4,
+                    SkipReason::Malformed
+                ))
+            );
+        }
+
+        // A table cut short is incomplete, not skipped.
+        let bytes = nested_tables(MAX_NESTING_DEPTH + 1);
+        assert!(matches!(
+            parse_field_table_or_skip(&bytes[..bytes.len() - 1]),
+            Err(nom::Err::Incomplete(_))
+        ));
+        assert!(matches!(
+            parse_field_table_or_skip(&[0, 0][..]),
+            Err(nom::Err::Incomplete(_))
+        ));
     }
 
     #[test]

@@ -192,6 +192,65 @@ pub struct DecimalValue {
     pub value: LongUInt,
 }
 
+/// A field table that was received but not parsed: its bytes were skipped whole
+///
+/// A field table starts with the size of its contents, so one that cannot be
+/// parsed can be stepped over without reading into it, and what follows it
+/// parsed as usual (see
+/// [`parse_field_table_or_skip`](crate::parsing::parse_field_table_or_skip)).
+/// This records that it was there, how large it was and why it was skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub struct SkippedFieldTable {
+    size: LongUInt,
+    reason: SkipReason,
+}
+
+/// Why a field table was skipped instead of parsed
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// It holds tables or arrays nested deeper than
+    /// [`MAX_NESTING_DEPTH`](crate::parsing::MAX_NESTING_DEPTH)
+    NestingTooDeep,
+    /// Its contents are not a valid field table: a name that is not UTF-8, an
+    /// unknown value type, or a value that runs past the table's end
+    Malformed,
+}
+
+impl SkippedFieldTable {
+    /// Record a skipped field table whose contents were `size` bytes long
+    #[must_use]
+    pub fn new(size: LongUInt, reason: SkipReason) -> Self {
+        Self { size, reason }
+    }
+
+    /// The size in bytes of the table's contents, as its size prefix gave it
+    #[must_use]
+    pub fn size(&self) -> LongUInt {
+        self.size
+    }
+
+    /// Why the table was skipped
+    #[must_use]
+    pub fn reason(&self) -> SkipReason {
+        self.reason
+    }
+}
+
+impl fmt::Display for SkippedFieldTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "field table of {} bytes skipped: ", self.size)?;
+        match self.reason {
+            SkipReason::NestingTooDeep => write!(
+                f,
+                "tables or arrays nested deeper than {} levels",
+                crate::parsing::MAX_NESTING_DEPTH
+            ),
+            SkipReason::Malformed => f.write_str("malformed contents"),
+        }
+    }
+}
+
 impl ShortString {
     /// Get a reference to a ShortString as &str
     #[must_use]
