@@ -1443,6 +1443,8 @@ pub mod basic {
         content_type: Option<ShortString>,
         content_encoding: Option<ShortString>,
         headers: Option<FieldTable>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        headers_skipped: Option<SkippedFieldTable>,
         delivery_mode: Option<ShortShortUInt>,
         priority: Option<ShortShortUInt>,
         correlation_id: Option<ShortString>,
@@ -1473,6 +1475,12 @@ pub mod basic {
         #[must_use]
         pub fn with_headers(mut self, value: FieldTable) -> Self {
             self.headers = Some(value);
+            self
+        }
+        /// Record that headers were received but skipped (Generated)
+        #[must_use]
+        pub fn with_headers_skipped(mut self, value: SkippedFieldTable) -> Self {
+            self.headers_skipped = Some(value);
             self
         }
         /// Set delivery-mode (Generated)
@@ -1555,6 +1563,18 @@ pub mod basic {
         #[must_use]
         pub fn headers(&self) -> &Option<FieldTable> {
             &self.headers
+        }
+        /// Get headers that were received but skipped, not parsed (Generated)
+        ///
+        /// A field table too deeply nested or malformed to be parsed is left out
+        /// whole and the other properties are parsed as usual: then
+        /// `headers()` is `None` although the message carried
+        /// headers, and this says how large they were and why they
+        /// were skipped. It describes the properties as received and is never
+        /// sent: serialising these properties leaves it out.
+        #[must_use]
+        pub fn headers_skipped(&self) -> &Option<SkippedFieldTable> {
+            &self.headers_skipped
         }
         /// Get delivery-mode (Generated)
         #[must_use]
@@ -1687,10 +1707,14 @@ pub mod basic {
         } else {
             (i, None)
         };
-        let (i, headers) = if flags & (1 << (15 - 2)) != 0 {
-            map(parse_field_table, Some).parse(i)?
+        let (i, (headers, headers_skipped)) = if flags & (1 << (15 - 2)) != 0 {
+            map(parse_field_table_or_skip, |table| match table {
+                Ok(table) => (Some(table), None),
+                Err(skipped) => (None, Some(skipped)),
+            })
+            .parse(i)?
         } else {
-            (i, None)
+            (i, (None, None))
         };
         let (i, delivery_mode) = if flags & (1 << (15 - 3)) != 0 {
             map(parse_short_short_uint, Some).parse(i)?
@@ -1753,6 +1777,7 @@ pub mod basic {
                 content_type,
                 content_encoding,
                 headers,
+                headers_skipped,
                 delivery_mode,
                 priority,
                 correlation_id,

@@ -296,6 +296,10 @@ pub mod {{snake class.name}} {
     pub struct AMQPProperties {
         {{#each class.properties as |property| ~}}
         {{snake property.name}}: Option<{{property.type}}>,
+        {{#if (eq property.type "FieldTable") ~}}
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        {{snake property.name}}_skipped: Option<SkippedFieldTable>,
+        {{/if ~}}
         {{/each ~}}
     }
 
@@ -306,6 +310,13 @@ pub mod {{snake class.name}} {
             self.{{snake property.name}} = Some(value);
             self
         }
+        {{#if (eq property.type "FieldTable") ~}}
+        /// Record that {{property.name}} were received but skipped (Generated)
+        pub fn with_{{snake property.name false}}_skipped(mut self, value: SkippedFieldTable) -> Self {
+            self.{{snake property.name}}_skipped = Some(value);
+            self
+        }
+        {{/if ~}}
         {{/each ~}}
 
         {{#each class.properties as |property| ~}}
@@ -313,6 +324,19 @@ pub mod {{snake class.name}} {
         pub fn {{snake property.name}}(&self) -> &Option<{{property.type}}> {
             &self.{{snake property.name}}
         }
+        {{#if (eq property.type "FieldTable") ~}}
+        /// Get {{property.name}} that were received but skipped, not parsed (Generated)
+        ///
+        /// A field table too deeply nested or malformed to be parsed is left out
+        /// whole and the other properties are parsed as usual: then
+        /// `{{snake property.name}}()` is `None` although the message carried
+        /// {{property.name}}, and this says how large they were and why they
+        /// were skipped. It describes the properties as received and is never
+        /// sent: serialising these properties leaves it out.
+        pub fn {{snake property.name}}_skipped(&self) -> &Option<SkippedFieldTable> {
+            &self.{{snake property.name}}_skipped
+        }
+        {{/if ~}}
         {{/each ~}}
 
         /// Get the bitmask for serialization (Generated)
@@ -327,11 +351,18 @@ pub mod {{snake class.name}} {
     pub fn parse_properties<I: ParsableInput>(i: I) -> ParserResult<I, AMQPProperties> {
         let (i, flags) = parse_short_uint(i)?;
         {{#each class.properties as |property| ~}}
+        {{#if (eq property.type "FieldTable") ~}}
+        let (i, ({{snake property.name}}, {{snake property.name}}_skipped)) = if flags & ({{#if @first ~}}1 << 15{{else}}1 << (15 - {{@index}}){{/if ~}}) != 0 { map(parse_field_table_or_skip, |table| match table { Ok(table) => (Some(table), None), Err(skipped) => (None, Some(skipped)) }).parse(i)? } else { (i, (None, None)) };
+        {{else}}
         let (i, {{snake property.name}}) = if flags & ({{#if @first ~}}1 << 15{{else}}1 << (15 - {{@index}}){{/if ~}}) != 0 { map(parse_{{snake_type property.type}}, Some).parse(i)? } else { (i, None) };
+        {{/if ~}}
         {{/each ~}}
         Ok((i, AMQPProperties {
             {{#each class.properties as |property| ~}}
             {{snake property.name}},
+            {{#if (eq property.type "FieldTable") ~}}
+            {{snake property.name}}_skipped,
+            {{/if ~}}
             {{/each ~}}
         }))
     }

@@ -46,6 +46,9 @@ pub enum AMQPFrameType {
 }
 
 /// The different possible frames
+// A content header is the largest variant by about 200 bytes; boxing it
+// would change the variant's type for every user.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum AMQPFrame {
     /// Protocol header frame
