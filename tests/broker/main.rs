@@ -26,6 +26,7 @@ mod drain;
 mod factory;
 mod faults;
 mod held;
+mod hostile_headers;
 mod kill_dupes;
 mod logs;
 mod lost_in_drain;
