@@ -134,9 +134,11 @@ pub type ParserResult<I, T> = Result<(I, T), ParserError>;
 /// is true, before they descend into it.
 ///
 /// 64 levels are far more than any structure met in practice, and parsing
-/// them takes well under half of the 2 MiB stack of a default thread, even
-/// in an unoptimised build (a level costs a few kilobytes of stack there,
-/// a few hundred bytes in an optimised one).
+/// them fits in less than half of the 2 MiB stack of a default thread, even
+/// in an unoptimised build: a level costs about 13 KiB of stack there and
+/// about 2.3 KiB in an optimised one (measured through lapin's IO loop on
+/// x86_64, where a message's headers nested 64 deep need 900 KiB and 175 KiB
+/// of stack in all).
 pub const MAX_NESTING_DEPTH: usize = 64;
 
 /// Parse the [AMQPValue](../type.AMQPValue.html) of the given [AMQPType](../type.AMQPType.html)
