@@ -15,6 +15,9 @@ mod config;
 #[path = "../fuzz/props/duration.rs"]
 mod duration;
 #[allow(dead_code)]
+#[path = "../fuzz/props/frame.rs"]
+mod frame;
+#[allow(dead_code)]
 #[path = "../fuzz/props/headers.rs"]
 mod headers;
 #[allow(dead_code)]
@@ -80,6 +83,48 @@ fn the_addresses_corpus_replays_without_a_failure() {
 #[test]
 fn the_duration_corpus_replays_without_a_failure() {
     replay("duration", duration::check);
+}
+
+#[test]
+fn the_frame_corpus_replays_without_a_failure() {
+    // On the stack lapin's IO loop gets by default (2 MiB, whatever
+    // RUST_MIN_STACK says): the parse must fit in it at any nesting.
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| replay("frame", frame::check))
+        .expect("a replay thread")
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+}
+
+#[test]
+fn the_frame_seeds_hold_what_their_names_say() {
+    use amq_protocol::frame::{parse_frame, AMQPFrame};
+    use amq_protocol::types::SkipReason;
+    let properties = |seed: &str| {
+        let data = std::fs::read(fuzz_dir().join("corpus/frame").join(seed)).unwrap();
+        match parse_frame(&data[..]) {
+            Ok((_, AMQPFrame::Header(_, header))) => header.properties,
+            other => panic!("{seed}: not a content header frame: {other:?}"),
+        }
+    };
+    let skipped = |seed: &str| properties(seed).headers_skipped().map(|s| s.reason());
+    assert!(properties("seed-headers-64-deep").headers().is_some());
+    assert_eq!(skipped("seed-headers-64-deep"), None);
+    for seed in [
+        "seed-headers-65-deep",
+        "seed-headers-1000-deep",
+        "seed-arrays-1000-deep",
+    ] {
+        assert_eq!(skipped(seed), Some(SkipReason::NestingTooDeep), "{seed}");
+    }
+    let deep = properties("seed-headers-1000-deep");
+    assert_eq!(deep.content_type(), &Some("text/plain".into()));
+    assert_eq!(deep.delivery_mode(), &Some(2));
+    assert_eq!(
+        skipped("seed-header-name-not-utf8"),
+        Some(SkipReason::Malformed)
+    );
 }
 
 #[test]
