@@ -9,13 +9,89 @@ use lapin::types::{
 };
 use lapin::BasicProperties;
 
-/// Converts a lapin field table into owned [`Headers`].
+/// Converts a lapin field table into owned [`Headers`], at any size and
+/// depth lapin delivers (amq-protocol's parser bounds the depth where it is
+/// patched: `vendor/README.md`). A delivery's headers go through
+/// [`try_headers_from_table`] instead, which sets aside a table over
+/// [`MAX_HEADER_DEPTH`] or [`MAX_HEADER_VALUES`].
 pub fn headers_from_table(table: &FieldTable) -> Headers {
     table
         .inner()
         .iter()
         .map(|(k, v)| (k.as_str().to_owned(), value_from_amqp(v)))
         .collect()
+}
+
+/// The deepest a delivery's headers may nest, tables and arrays counted
+/// alike (the headers table itself is level 1). RabbitMQ's own headers
+/// nest 3 deep (`x-death`: an array of tables holding arrays).
+pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// The most values a delivery's headers may hold, at every depth together.
+/// An owned [`Value`] takes about 40 bytes, so this bounds what a
+/// publisher's array of one-byte values can make the consumer allocate to
+/// about 160 KiB a delivery (the frame that carries it is at most the
+/// negotiated `frame_max`, 128 KiB by default).
+pub const MAX_HEADER_VALUES: usize = 4_096;
+
+/// Why a delivery's headers were set aside rather than read: a limit of
+/// [`try_headers_from_table`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeadersOverLimit {
+    /// Tables or arrays nested deeper than [`MAX_HEADER_DEPTH`].
+    #[error("headers nested deeper than {MAX_HEADER_DEPTH} levels")]
+    TooDeep,
+    /// More than [`MAX_HEADER_VALUES`] values.
+    #[error("headers holding more than {MAX_HEADER_VALUES} values")]
+    TooMany,
+}
+
+/// [`headers_from_table`] within [`MAX_HEADER_DEPTH`] and
+/// [`MAX_HEADER_VALUES`]: the consumer loop's conversion. It stops at the
+/// first level or value over a limit, so its work and memory are bounded
+/// whatever the table holds.
+pub fn try_headers_from_table(table: &FieldTable) -> Result<Headers, HeadersOverLimit> {
+    let mut budget = MAX_HEADER_VALUES;
+    table_within(table, 1, &mut budget)
+}
+
+fn table_within(
+    table: &FieldTable,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<Headers, HeadersOverLimit> {
+    if depth > MAX_HEADER_DEPTH {
+        return Err(HeadersOverLimit::TooDeep);
+    }
+    table
+        .inner()
+        .iter()
+        .map(|(k, v)| Ok((k.as_str().to_owned(), value_within(v, depth, budget)?)))
+        .collect()
+}
+
+fn value_within(
+    v: &AMQPValue,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<Value, HeadersOverLimit> {
+    *budget = budget.checked_sub(1).ok_or(HeadersOverLimit::TooMany)?;
+    Ok(match v {
+        AMQPValue::FieldArray(a) => {
+            if depth + 1 > MAX_HEADER_DEPTH {
+                return Err(HeadersOverLimit::TooDeep);
+            }
+            Value::Array(
+                a.as_slice()
+                    .iter()
+                    .map(|v| value_within(v, depth + 1, budget))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        AMQPValue::FieldTable(t) => Value::Table(table_within(t, depth + 1, budget)?),
+        scalar => value_from_amqp(scalar),
+    })
 }
 
 fn value_from_amqp(v: &AMQPValue) -> Value {
@@ -263,15 +339,16 @@ pub(crate) fn delivery_taken_from_lapin(
     d: &mut lapin::message::Delivery,
     lifeline: &acemq_layers::Lifeline,
 ) -> Delivery {
-    let headers = d
-        .properties
-        .headers()
-        .as_ref()
-        .map(headers_from_table)
-        .unwrap_or_default();
+    let (headers, set_aside) = match d.properties.headers().as_ref() {
+        Some(table) => match try_headers_from_table(table) {
+            Ok(headers) => (headers, None),
+            Err(over) => (Headers::default(), Some(over.to_string())),
+        },
+        None => (Headers::default(), skipped_by_parser(&d.properties)),
+    };
     // In one step: the builder's chained calls would move the whole
     // message once each, per delivery.
-    Delivery::received(acemq_layers::Received {
+    let mut delivery = Delivery::received(acemq_layers::Received {
         queue: queue.clone(),
         exchange: String::from(std::mem::take(&mut d.exchange)),
         routing_key: String::from(std::mem::take(&mut d.routing_key)),
@@ -281,12 +358,91 @@ pub(crate) fn delivery_taken_from_lapin(
         delivery_tag: d.delivery_tag,
         redelivered: d.redelivered,
         lifeline: lifeline.clone(),
-    })
+    });
+    if let Some(why) = set_aside {
+        delivery
+            .extensions_mut()
+            .insert(acemq_layers::redelivery::MalformedHeaders::new(why));
+    }
+    delivery
+}
+
+/// Why amq-protocol's parser set this message's headers aside, where it is
+/// the patched one that does (feature `patched-amq-protocol`).
+#[cfg(feature = "patched-amq-protocol")]
+fn skipped_by_parser(p: &BasicProperties) -> Option<String> {
+    p.headers_skipped()
+        .as_ref()
+        .map(|skipped| skipped.to_string())
+}
+
+/// Why amq-protocol's parser set this message's headers aside: the
+/// published parser never does (it fails the connection instead).
+#[cfg(not(feature = "patched-amq-protocol"))]
+fn skipped_by_parser(_: &BasicProperties) -> Option<String> {
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A headers table `depth` levels deep: each level holds the next
+    /// under "a", alternating tables and arrays.
+    fn nested(depth: usize) -> FieldTable {
+        let mut value = AMQPValue::Void;
+        for level in (2..=depth).rev() {
+            value = if level % 2 == 0 {
+                AMQPValue::FieldArray(FieldArray::from(vec![value]))
+            } else {
+                let mut t = FieldTable::default();
+                t.insert("a".into(), value);
+                AMQPValue::FieldTable(t)
+            };
+        }
+        let mut top = FieldTable::default();
+        top.insert("a".into(), value);
+        top
+    }
+
+    #[test]
+    fn headers_up_to_the_depth_limit_are_read_and_one_level_more_is_set_aside() {
+        let at_limit = try_headers_from_table(&nested(MAX_HEADER_DEPTH)).expect("at the limit");
+        assert_eq!(at_limit, headers_from_table(&nested(MAX_HEADER_DEPTH)));
+        assert_eq!(
+            try_headers_from_table(&nested(MAX_HEADER_DEPTH + 1)),
+            Err(HeadersOverLimit::TooDeep)
+        );
+        assert_eq!(
+            try_headers_from_table(&nested(5_000)),
+            Err(HeadersOverLimit::TooDeep)
+        );
+    }
+
+    #[test]
+    fn headers_up_to_the_value_limit_are_read_and_one_value_more_is_set_aside() {
+        let array = |n: usize| {
+            let mut t = FieldTable::default();
+            // The array itself is one value, its elements the rest.
+            t.insert(
+                "many".into(),
+                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Void; n - 1])),
+            );
+            t
+        };
+        let read = try_headers_from_table(&array(MAX_HEADER_VALUES)).expect("at the limit");
+        assert!(
+            matches!(read.get("many"), Some(Value::Array(a)) if a.len() == MAX_HEADER_VALUES - 1)
+        );
+        let over = try_headers_from_table(&array(MAX_HEADER_VALUES + 1)).unwrap_err();
+        assert_eq!(over, HeadersOverLimit::TooMany);
+        assert!(over.to_string().contains("more than 4096 values"), "{over}");
+        // 120 KB of one-byte values: refused after the limit, not converted.
+        assert_eq!(
+            try_headers_from_table(&array(120_000)),
+            Err(HeadersOverLimit::TooMany)
+        );
+    }
 
     #[test]
     fn a_header_name_over_255_bytes_is_an_error_or_left_out_never_a_panic() {

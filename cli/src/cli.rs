@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 /// What `--reason` accepts: the reasons acemq writes to `x-acemq-reason`.
 const REASONS: &str =
-    "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout";
+    "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout, \
+     malformed-headers";
 
 /// acemq's operator command: the topology a config names, queue depths, and
 /// dead letters.

@@ -122,11 +122,17 @@ pub enum Reason {
     /// closed the channel (or cancelled the consumer) and the message came
     /// back; dead-lettered without calling the handler again.
     ConsumerTimeout,
+    /// The transport set the message's headers aside: nested too deep,
+    /// too many values, or not a valid table
+    /// ([`MalformedHeaders`](crate::redelivery::MalformedHeaders));
+    /// dead-lettered without the headers and without calling the handler.
+    MalformedHeaders,
 }
 
 impl Reason {
     /// The header form: `max-attempts`, `rejected`, `panic`, `timeout`,
-    /// `redelivered`, `transaction-ended`, `consumer-timeout`.
+    /// `redelivered`, `transaction-ended`, `consumer-timeout`,
+    /// `malformed-headers`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::MaxAttempts => "max-attempts",
@@ -136,6 +142,7 @@ impl Reason {
             Reason::Redelivered => "redelivered",
             Reason::TransactionEnded => "transaction-ended",
             Reason::ConsumerTimeout => "consumer-timeout",
+            Reason::MalformedHeaders => "malformed-headers",
         }
     }
 
@@ -149,6 +156,7 @@ impl Reason {
             "redelivered" => Reason::Redelivered,
             "transaction-ended" => Reason::TransactionEnded,
             "consumer-timeout" => Reason::ConsumerTimeout,
+            "malformed-headers" => Reason::MalformedHeaders,
             _ => return None,
         })
     }
@@ -173,6 +181,8 @@ mod tests {
             Reason::Timeout,
             Reason::Redelivered,
             Reason::ConsumerTimeout,
+            Reason::TransactionEnded,
+            Reason::MalformedHeaders,
         ] {
             assert_eq!(Reason::from_header(r.as_str()), Some(r), "{r}");
         }

@@ -96,7 +96,7 @@
 //! |---|---|
 //! | exchange, routing key | `""`, the request's `reply_to`; not mandatory, confirmed |
 //! | `correlation_id` | the request's |
-//! | header `x-acemq-reason` | why, as in the dead-letter queue: `max-attempts`, `rejected`, `panic`, `timeout`, `redelivered`, `transaction-ended`, `consumer-timeout` (more may come: treat an unknown one as an error too) |
+//! | header `x-acemq-reason` | why, as in the dead-letter queue: `max-attempts`, `rejected`, `panic`, `timeout`, `redelivered`, `transaction-ended`, `consumer-timeout`, `malformed-headers` (more may come: treat an unknown one as an error too) |
 //! | header `x-acemq-error` | the last error's display chain, at most 4 KiB |
 //! | header `x-acemq-attempts` | how many attempts were made (integer) |
 //! | header `x-acemq-queue` | the queue the request was consumed from |

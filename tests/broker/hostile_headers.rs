@@ -20,7 +20,10 @@ use lapin::options::{
 };
 use lapin::types::{FieldTable, SkipReason, SkippedFieldTable};
 
-use crate::support::{addr, connect, field_table, long_str, unique, Broker, QueueCleanup};
+use crate::support::{
+    addr, connect, eventually, field_table, long_str, message_headers, start_on_ladder, unique,
+    Broker, QueueCleanup,
+};
 
 /// A headers table nested `depth` tables deep (itself included): each holds
 /// the next under the name "a", the innermost is empty.
@@ -204,4 +207,87 @@ async fn a_message_with_headers_nested_1000_deep_is_delivered_marked_and_the_nex
     assert!(conn.status().connected() && ch.status().connected());
     assert_eq!(broker.ready(&q).await, Some(0), "nothing left or requeued");
     broker.delete(std::slice::from_ref(&q)).await;
+}
+
+/// A content header frame's payload: class 60, body of `body_len` bytes,
+/// headers `headers` (a table's encoding, its size prefix included) and
+/// delivery mode 2.
+fn content_header(body_len: u64, headers: &[u8]) -> Vec<u8> {
+    [
+        &60u16.to_be_bytes()[..],
+        &[0, 0],
+        &body_len.to_be_bytes(),
+        &(1u16 << 13 | 1 << 12).to_be_bytes(),
+        headers,
+        &[2],
+    ]
+    .concat()
+}
+
+#[tokio::test]
+async fn an_app_dead_letters_headers_nested_too_deep_as_malformed_headers_and_handles_the_next() {
+    use std::sync::{Arc, Mutex};
+
+    let q = unique("hostile.app");
+    let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let handler = {
+        let seen = seen.clone();
+        tower::service_fn(move |d: acemq::Delivery| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(d.body().to_vec());
+                Ok::<(), acemq::BoxError>(())
+            }
+        })
+    };
+    let (running, all) = start_on_ladder(&q, handler).await;
+    let _cleanup = QueueCleanup::new(all.clone());
+
+    // 1,000 levels: set aside by the parser (over its 64). 40 levels: read
+    // by the parser, set aside by acemq's conversion (over its 32).
+    for (depth, body) in [(1_000, &b"parser"[..]), (40, b"convert")] {
+        let header = content_header(body.len() as u64, &nested_headers(depth));
+        let (queue, body) = (q.clone(), body.to_vec());
+        tokio::task::spawn_blocking(move || raw_publish(&queue, &header, &body))
+            .await
+            .expect("the raw publish");
+    }
+    let mut broker = Broker::new().await;
+    broker.publish(&q, b"normal", FieldTable::default()).await;
+
+    let dlq = acemq_layers::dead_letter::dlq_name(&q);
+    assert!(
+        broker.wait_ready(&dlq, 2, Duration::from_secs(15)).await,
+        "both hostile messages dead-lettered: {:?} ready in {dlq}",
+        broker.ready(&dlq).await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            seen.lock().unwrap().len() == 1
+        })
+        .await,
+        "the next message handled: {:?}",
+        seen.lock().unwrap()
+    );
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let copy = broker.get(&dlq).await.expect("a dead-letter copy");
+        let h = message_headers(&copy.delivery.properties);
+        let reason = h.get("x-acemq-reason").and_then(|v| v.as_str());
+        assert_eq!(reason, Some("malformed-headers"), "{h:?}");
+        let error = h
+            .get("x-acemq-error")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        assert!(error.contains("nested deeper than"), "{error}");
+        // The copy carries none of the hostile table.
+        assert!(h.get("a").is_none(), "{h:?}");
+        bodies.push(copy.delivery.data.clone());
+    }
+    bodies.sort();
+    assert_eq!(bodies, vec![b"convert".to_vec(), b"parser".to_vec()]);
+    assert_eq!(*seen.lock().unwrap(), vec![b"normal".to_vec()]);
+    assert!(running.health().snapshot().ready);
+    running.drain().await.expect("clean drain");
+    assert_eq!(broker.ready(&q).await, Some(0), "all settled");
 }

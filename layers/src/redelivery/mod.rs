@@ -47,6 +47,12 @@
 //! [`Reason::ConsumerTimeout`](crate::Reason::ConsumerTimeout), also without
 //! calling the service below.
 //!
+//! A delivery whose headers the transport set aside (nested too deep, too
+//! many values, unparsable: [`MalformedHeaders`] in its extensions) is
+//! dead-lettered with reason
+//! [`Reason::MalformedHeaders`](crate::Reason::MalformedHeaders), without
+//! calling the service below either.
+//!
 //! # Order
 //!
 //! Directly inside [`DeadLetterLayer`](crate::DeadLetterLayer) (which
@@ -75,10 +81,12 @@
 
 pub mod future;
 mod layer;
+mod malformed;
 mod service;
 mod strikes;
 
 pub use layer::RedeliveryLimitLayer;
+pub use malformed::MalformedHeaders;
 pub use service::RedeliveryLimit;
 
 pub(crate) use service::limited;

@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::{ConsumerTimeoutStrikes, RedeliveryLimitLayer};
+use super::{ConsumerTimeoutStrikes, MalformedHeaders, RedeliveryLimitLayer};
 use crate::decision::{DeadLetterDecision, Decision, Reason};
 use crate::delivery::Delivery;
 use crate::headers::{Headers, ACQUIRED_COUNT_HEADER, DELIVERY_COUNT_HEADER};
@@ -76,6 +76,9 @@ where
 /// redelivered more than `max` times (logged here), if it is one: the
 /// service below is not to be called.
 pub(crate) fn limited(delivery: &Delivery, max: u32) -> Option<Decision> {
+    if let Some(decision) = malformed(delivery) {
+        return Some(decision);
+    }
     if let Some(decision) = struck_out(delivery) {
         return Some(decision);
     }
@@ -98,6 +101,29 @@ pub(crate) fn limited(delivery: &Delivery, max: u32) -> Option<Decision> {
             "redelivered {n} times ({header}), above max_redeliveries ({max}): \
              the handler was not called; a message that crashes the process, or \
              one handed back again and again"
+        ),
+        attempts: delivery.attempt(),
+        published: false,
+    }))
+}
+
+/// The dead-letter decision for a delivery whose headers the transport set
+/// aside ([`MalformedHeaders`]), if it is one.
+fn malformed(delivery: &Delivery) -> Option<Decision> {
+    let m = delivery.extensions().get::<MalformedHeaders>()?;
+    tracing::warn!(
+        queue = %delivery.queue(),
+        message_id = ?delivery.properties().message_id.as_deref().unwrap_or(""),
+        why = ?m.why(),
+        "a delivery's headers were set aside as malformed; dead-lettering it without \
+         calling the handler"
+    );
+    Some(Decision::DeadLetter(DeadLetterDecision {
+        reason: Reason::MalformedHeaders,
+        error: format!(
+            "the message's headers were set aside ({}): the handler was not called; the \
+             publisher must send a headers table the consumer can read",
+            m.why()
         ),
         attempts: delivery.attempt(),
         published: false,
