@@ -196,8 +196,30 @@ async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, queue: &str) {
     info!(orders = n, %queue, "published the {} batch", seed.name());
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// The stack that std gives a thread spawned without a size, lapin's
+/// `lapin-io-loop` among them, unless `RUST_MIN_STACK` says otherwise:
+/// 64 MiB of address space (touched only as deep as a parse goes). The
+/// published amq-protocol parses a message's headers recursively with no
+/// depth limit, on that thread; at 64 MiB a release build parses any table
+/// a 128 KiB frame can hold and a debug build 5,237 levels (SECURITY.md).
+/// This workspace patches the parser (vendor/), so the shop is safe without
+/// it; a service that depends on acemq from crates.io is not.
+const LAPIN_IO_STACK: &str = "67108864";
+
+fn main() -> ExitCode {
+    // Before any thread starts: std reads RUST_MIN_STACK once, at the first
+    // spawn without a size.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        std::env::set_var("RUST_MIN_STACK", LAPIN_IO_STACK);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(shop())
+}
+
+async fn shop() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

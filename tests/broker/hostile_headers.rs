@@ -291,3 +291,53 @@ async fn an_app_dead_letters_headers_nested_too_deep_as_malformed_headers_and_ha
     running.drain().await.expect("clean drain");
     assert_eq!(broker.ready(&q).await, Some(0), "all settled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_outlives_headers_nested_1000_deep_dead_letters_them_and_handles_the_next_order() {
+    let q = unique("hostile.shop");
+    let _cleanup = QueueCleanup::new(crate::support::all_queues(&q));
+    let mut shop = crate::support::ShopProcess::spawn(
+        &q,
+        &format!("shutdown_timeout: 10\nqueues:\n  - name: {q}\n    dead_letter: true\n"),
+        &[],
+    );
+    shop.wait_ready().await;
+    let body = br#"{"id":"o-hostile"}"#;
+    let header = content_header(body.len() as u64, &nested_headers(1_000));
+    let queue = q.clone();
+    tokio::task::spawn_blocking(move || raw_publish(&queue, &header, body))
+        .await
+        .expect("the raw publish");
+    let mut broker = Broker::new().await;
+    broker
+        .publish(&q, br#"{"id":"o-next"}"#, FieldTable::default())
+        .await;
+
+    let dlq = acemq_layers::dead_letter::dlq_name(&q);
+    assert!(
+        broker.wait_ready(&dlq, 1, Duration::from_secs(15)).await,
+        "the hostile order dead-lettered; stderr:\n{}",
+        shop.stderr()
+    );
+    shop.wait_stderr("o-next", Duration::from_secs(15)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            crate::support::queue_counts(&q).await == Some((0, 0))
+        })
+        .await,
+        "every order settled: {:?}",
+        crate::support::queue_counts(&q).await
+    );
+    let copy = broker.get(&dlq).await.expect("the dead-letter copy");
+    let h = message_headers(&copy.delivery.properties);
+    assert_eq!(
+        h.get("x-acemq-reason").and_then(|v| v.as_str()),
+        Some("malformed-headers"),
+        "{h:?}"
+    );
+    assert_eq!(copy.delivery.data, body);
+    assert_eq!(shop.readyz().await.map(|(status, _)| status), Some(200));
+    shop.signal("-TERM");
+    let status = shop.exit_within(Duration::from_secs(15)).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+}
