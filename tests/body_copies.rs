@@ -28,6 +28,9 @@
 
 #![allow(missing_docs, clippy::disallowed_methods)]
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
 use acemq::config::{QueueConfig, RetriesConfig};
@@ -83,7 +86,7 @@ fn runtime() -> Runtime {
 }
 
 fn unique(what: &str) -> String {
-    format!("acemq-test.body-copies.{what}.{}", std::process::id())
+    common::unique(&format!("body-copies.{what}"))
 }
 
 async fn connect(name: &str) -> Connection {

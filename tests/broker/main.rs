@@ -6,6 +6,9 @@
 //! `scripts/rabbitmq4-suite.sh broker`), so it talks to the same broker.
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod support;
 
 #[cfg(feature = "axum")]

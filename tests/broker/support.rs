@@ -3,8 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::options::{
@@ -13,10 +11,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-/// The broker address the tests use.
-pub fn addr() -> String {
-    acemq::connection::amqp_addr_from_env()
-}
+#[allow(unused_imports)] // each crate that includes this file uses some of them
+pub use crate::common::{addr, eventually, unique};
 
 /// [`addr`] with `user` and `password` in place of its credentials (the same
 /// broker, host, port and vhost).
@@ -43,16 +39,6 @@ pub async fn connect() -> Connection {
         ),
         Err(_) => panic!("RabbitMQ at {} did not answer within 10 s", acemq::connection::redact(&addr())),
     }
-}
-
-/// A queue name unique to this test run and call.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "acemq-test.{prefix}.{}.{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// A broker-side helper: publish, count, get and delete queues.
@@ -176,24 +162,6 @@ impl Broker {
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
-    }
-}
-
-/// Waits for `cond` to hold, checking every 20 ms, up to `within`.
-pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

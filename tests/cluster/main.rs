@@ -9,6 +9,9 @@
 //! (`ACEMQ_KEEP_CLUSTER=1` leaves the cluster up afterwards).
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 #[path = "../node/freeze.rs"]
 mod freeze;
 #[path = "../broker/support.rs"]

@@ -4,11 +4,12 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+pub use crate::common::eventually;
 
 /// The cluster's nodes (1-based in the names): (short name, AMQP port).
 pub const NODES: [(&str, u16); 3] = [("acemq-1", 5681), ("acemq-2", 5682), ("acemq-3", 5683)];
@@ -277,24 +278,6 @@ pub async fn all_running(alive_hint: usize) -> bool {
     ctl(alive_hint, &["eval", "rabbit_nodes:all_running()."])
         .await
         .is_ok_and(|s| (0..NODES.len()).all(|i| s.contains(&node_name(i))))
-}
-
-/// Waits for `cond` to hold, checking every 20 ms, up to `within`.
-pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Readiness as it changed, sampled every 5 ms from the start.

@@ -17,6 +17,9 @@
 //! `cargo test -p acemq --test node -- --ignored --test-threads=1`
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod freeze;
 mod support;
 mod ticks;

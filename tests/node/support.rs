@@ -4,10 +4,8 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,6 +13,8 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptio
 use lapin::types::FieldTable;
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+pub use crate::common::{eventually, unique};
 
 /// The node's short name (`acemq-fault@localhost`).
 pub const NAME: &str = "acemq-fault";
@@ -184,34 +184,6 @@ pub async fn heartbeats(prefix: &str) -> Vec<(String, u64)> {
                 .and_then(|(n, t)| Some((n, t?)))
         })
         .collect()
-}
-
-/// A queue name unique to this run and call.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "acemq-node-test.{prefix}.{}.{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Waits for `cond` to hold, checking every 20 ms, up to `within`.
-pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Connects to the node as `name`.

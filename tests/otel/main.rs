@@ -8,6 +8,9 @@
 //! spans of its own queue.
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 #[path = "../broker/support.rs"]
 mod support;
 

@@ -5,6 +5,9 @@
 //! (deleted by a guard); tests run in parallel safely.
 #![allow(unreachable_pub, missing_docs, clippy::disallowed_methods)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod support;
 
 #[path = "../broker/proxy.rs"]

@@ -13,9 +13,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-pub fn addr() -> String {
-    acemq::connection::amqp_addr_from_env()
-}
+pub use crate::common::{addr, unique};
 
 pub fn pg_base() -> String {
     std::env::var("ACEMQ_TEST_PG").unwrap_or_else(|_| "host=127.0.0.1 user=postgres".to_owned())
@@ -27,15 +25,6 @@ fn nanos() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
-}
-
-/// A queue name unique to this test run.
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "acemq-test.pg-{prefix}.{}.{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// Waits until `check` is true, polling every 20 ms, or panics after `bound`
