@@ -422,7 +422,17 @@ where
             DeadLetterLayer::new(parts.publisher.clone())
                 .classifier(stack.classifier.clone())
                 .enabled(q.dead_letter),
-            acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries),
+            {
+                let limit = acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries);
+                // Only a quorum queue's broker counts redeliveries: on a
+                // classic queue the headers are whatever the publisher sent.
+                // A passive queue's type is not known here: read them.
+                if q.kind == crate::config::QueueType::Quorum || q.passive {
+                    limit
+                } else {
+                    limit.without_counts()
+                }
+            },
             RetryLayer::new(policy, parts.publisher, parts.draining)
                 .classifier(stack.classifier.clone()),
         ))

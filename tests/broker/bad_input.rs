@@ -208,3 +208,35 @@ async fn a_handler_service_that_fails_poll_ready_stops_its_queue_turns_readiness
     );
     running.drain().await.expect("a clean drain");
 }
+
+#[tokio::test]
+async fn a_forged_delivery_count_on_a_classic_queue_is_not_believed_and_the_delivery_is_handled() {
+    let q = unique("bad.count");
+    let mut broker = Broker::new().await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (running, all) = start_on_ladder(&q, recording(seen.clone())).await;
+    for (name, count) in [
+        ("x-delivery-count", 1_i64 << 62),
+        ("x-acquired-count", 1 << 62),
+    ] {
+        broker
+            .publish(
+                &q,
+                name.as_bytes(),
+                field_table(vec![(name, AMQPValue::LongLongInt(count))]),
+            )
+            .await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            seen.lock().unwrap().len() == 2
+        })
+        .await,
+        "both handled, none dead-lettered unread: {:?}, {:?} in the dlq",
+        seen.lock().unwrap(),
+        broker.ready(&format!("{q}.dlq")).await
+    );
+    running.drain().await.expect("clean drain");
+    assert_eq!(broker.ready(&format!("{q}.dlq")).await, Some(0));
+    broker.delete(&all).await;
+}

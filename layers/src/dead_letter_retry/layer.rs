@@ -15,7 +15,7 @@ use crate::retry::{RetryLayer, RetryWaits};
 /// docs](super).
 pub struct DeadLetterRetryLayer<P, C = DefaultClassifier> {
     shared: Arc<Shared<P, C>>,
-    max_redeliveries: u32,
+    redelivery_limit: RedeliveryLimitLayer,
     dead_letter: bool,
 }
 
@@ -35,7 +35,7 @@ impl<P: Publish, C: Classify> DeadLetterRetryLayer<P, C> {
                 retry: retry.config().clone(),
                 dead_letter: Arc::new(dead_letter.config()),
             }),
-            max_redeliveries: redelivery_limit.max(),
+            redelivery_limit,
             dead_letter: dead_letter.is_enabled(),
         }
     }
@@ -56,7 +56,7 @@ impl<S, P: Publish, C: Classify> Layer<S> for DeadLetterRetryLayer<P, C> {
         DeadLetterRetry::from_parts(
             inner,
             self.shared.clone(),
-            self.max_redeliveries,
+            self.redelivery_limit,
             self.dead_letter,
         )
     }
@@ -66,7 +66,7 @@ impl<P, C> Clone for DeadLetterRetryLayer<P, C> {
     fn clone(&self) -> Self {
         DeadLetterRetryLayer {
             shared: self.shared.clone(),
-            max_redeliveries: self.max_redeliveries,
+            redelivery_limit: self.redelivery_limit,
             dead_letter: self.dead_letter,
         }
     }
@@ -76,7 +76,7 @@ impl<P, C> fmt::Debug for DeadLetterRetryLayer<P, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetterRetryLayer")
             .field("retry", &self.shared.retry)
-            .field("max_redeliveries", &self.max_redeliveries)
+            .field("redelivery_limit", &self.redelivery_limit)
             .field("dead_letter", &self.dead_letter)
             .finish()
     }

@@ -5,6 +5,8 @@ use std::task::{Context, Poll};
 
 use tower::Service;
 
+use crate::redelivery::RedeliveryLimitLayer;
+
 use super::future::ResponseFuture;
 use crate::decision::Decision;
 use crate::delivery::Delivery;
@@ -22,7 +24,7 @@ use crate::retry::RetryWaits;
 pub struct DeadLetterRetry<S, P, C = DefaultClassifier> {
     inner: S,
     shared: Arc<Shared<P, C>>,
-    max_redeliveries: u32,
+    redelivery_limit: RedeliveryLimitLayer,
     dead_letter: bool,
 }
 
@@ -37,13 +39,13 @@ impl<S, P, C> DeadLetterRetry<S, P, C> {
     pub(crate) fn from_parts(
         inner: S,
         shared: Arc<Shared<P, C>>,
-        max_redeliveries: u32,
+        redelivery_limit: RedeliveryLimitLayer,
         dead_letter: bool,
     ) -> Self {
         DeadLetterRetry {
             inner,
             shared,
-            max_redeliveries,
+            redelivery_limit,
             dead_letter,
         }
     }
@@ -87,7 +89,7 @@ where
 
     fn call(&mut self, delivery: Delivery) -> Self::Future {
         let shared = self.shared.clone();
-        if let Some(decision) = crate::redelivery::limited(&delivery, self.max_redeliveries) {
+        if let Some(decision) = crate::redelivery::limited(&delivery, self.redelivery_limit) {
             // Not called: the service made ready stays for the next call.
             return ResponseFuture::limited(decision, delivery, shared, self.dead_letter);
         }
@@ -105,7 +107,7 @@ impl<S: Clone, P, C> Clone for DeadLetterRetry<S, P, C> {
         DeadLetterRetry {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            max_redeliveries: self.max_redeliveries,
+            redelivery_limit: self.redelivery_limit,
             dead_letter: self.dead_letter,
         }
     }
@@ -116,7 +118,7 @@ impl<S: fmt::Debug, P, C> fmt::Debug for DeadLetterRetry<S, P, C> {
         f.debug_struct("DeadLetterRetry")
             .field("inner", &self.inner)
             .field("retry", &self.shared.retry)
-            .field("max_redeliveries", &self.max_redeliveries)
+            .field("redelivery_limit", &self.redelivery_limit)
             .field("dead_letter", &self.dead_letter)
             .finish()
     }

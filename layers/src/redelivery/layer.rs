@@ -7,6 +7,7 @@ use super::RedeliveryLimit;
 #[derive(Clone, Copy, Debug)]
 pub struct RedeliveryLimitLayer {
     max: u32,
+    reads_counts: bool,
 }
 
 impl RedeliveryLimitLayer {
@@ -16,12 +17,33 @@ impl RedeliveryLimitLayer {
 
     /// At most `max` redeliveries (`x-delivery-count` up to `max` passes).
     pub const fn new(max: u32) -> Self {
-        RedeliveryLimitLayer { max }
+        RedeliveryLimitLayer {
+            max,
+            reads_counts: true,
+        }
     }
 
     /// The bound.
     pub const fn max(&self) -> u32 {
         self.max
+    }
+
+    /// Leaves `x-delivery-count` and `x-acquired-count` unread: for a
+    /// queue whose broker does not set them (a classic queue), where they
+    /// can only be what the publisher sent. A publisher could otherwise
+    /// dead-letter a first delivery unread with a count of 2^62. Consumer
+    /// timeout strikes and malformed headers still apply.
+    pub const fn without_counts(self) -> Self {
+        RedeliveryLimitLayer {
+            reads_counts: false,
+            ..self
+        }
+    }
+
+    /// Whether the broker's redelivery counts are read (see
+    /// [`without_counts`](Self::without_counts)).
+    pub const fn reads_counts(&self) -> bool {
+        self.reads_counts
     }
 }
 
@@ -36,6 +58,6 @@ impl<S> Layer<S> for RedeliveryLimitLayer {
     type Service = RedeliveryLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RedeliveryLimit::new(inner, self.max)
+        RedeliveryLimit::with_limit(inner, *self)
     }
 }

@@ -17,13 +17,17 @@ use crate::headers::{Headers, ACQUIRED_COUNT_HEADER, DELIVERY_COUNT_HEADER};
 #[derive(Clone, Debug)]
 pub struct RedeliveryLimit<S> {
     inner: S,
-    max: u32,
+    limit: RedeliveryLimitLayer,
 }
 
 impl<S> RedeliveryLimit<S> {
     /// Wraps `inner` with a bound of `max` redeliveries.
     pub const fn new(inner: S, max: u32) -> Self {
-        RedeliveryLimit { inner, max }
+        RedeliveryLimit::with_limit(inner, RedeliveryLimitLayer::new(max))
+    }
+
+    pub(crate) const fn with_limit(inner: S, limit: RedeliveryLimitLayer) -> Self {
+        RedeliveryLimit { inner, limit }
     }
 
     /// A [`RedeliveryLimitLayer`] of `max`.
@@ -33,7 +37,7 @@ impl<S> RedeliveryLimit<S> {
 
     /// The bound.
     pub fn max(&self) -> u32 {
-        self.max
+        self.limit.max()
     }
 
     /// The inner service.
@@ -65,7 +69,7 @@ where
     }
 
     fn call(&mut self, delivery: Delivery) -> Self::Future {
-        match limited(&delivery, self.max) {
+        match limited(&delivery, self.limit) {
             Some(decision) => ResponseFuture::limited(decision),
             None => ResponseFuture::inner(self.inner.call(delivery)),
         }
@@ -75,13 +79,17 @@ where
 /// The dead-letter decision for a delivery that has struck out or was
 /// redelivered more than `max` times (logged here), if it is one: the
 /// service below is not to be called.
-pub(crate) fn limited(delivery: &Delivery, max: u32) -> Option<Decision> {
+pub(crate) fn limited(delivery: &Delivery, limit: RedeliveryLimitLayer) -> Option<Decision> {
     if let Some(decision) = malformed(delivery) {
         return Some(decision);
     }
     if let Some(decision) = struck_out(delivery) {
         return Some(decision);
     }
+    if !limit.reads_counts() {
+        return None;
+    }
+    let max = limit.max();
     let (n, header) = redeliveries(delivery.headers())?;
     if n <= i64::from(max) {
         return None;
