@@ -227,14 +227,15 @@ async fn a_forged_delivery_count_on_a_classic_queue_is_not_believed_and_the_deli
             )
             .await;
     }
+    let handled = eventually(Duration::from_secs(10), || async {
+        seen.lock().unwrap().len() == 2
+    })
+    .await;
+    let in_dlq = broker.ready(&format!("{q}.dlq")).await;
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            seen.lock().unwrap().len() == 2
-        })
-        .await,
-        "both handled, none dead-lettered unread: {:?}, {:?} in the dlq",
-        seen.lock().unwrap(),
-        broker.ready(&format!("{q}.dlq")).await
+        handled,
+        "both handled, none dead-lettered unread: {:?}, {in_dlq:?} in the dlq",
+        seen.lock().unwrap()
     );
     running.drain().await.expect("clean drain");
     assert_eq!(broker.ready(&format!("{q}.dlq")).await, Some(0));
