@@ -7,14 +7,14 @@
 //! ```text
 //! cargo run --example axum_side_by_side -- [--http 127.0.0.1:3000] [--admin 127.0.0.1:3001] [--config examples/shop.yaml] [--log-format text|json]
 //! curl -X POST localhost:3000/orders -H 'content-type: application/json' -d '{"id":"web-1","work_ms":300}'
-//! curl -X POST localhost:3001/queues/shop.orders/pause   # the queue side holds, HTTP goes on
+//! curl -X POST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" localhost:3001/queues/shop.orders/pause   # the queue side holds, HTTP goes on
 //! curl localhost:3001/queues/shop.orders                 # "paused": true, "held": …
-//! curl -X POST localhost:3001/queues/shop.orders/resume
+//! curl -X POST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" localhost:3001/queues/shop.orders/resume
 //! ```
 //!
 //! Two servers: the application's own routes on `--http`, and acemq's admin
-//! routes (`acemq::admin::router`, feature `axum`: `/healthz`, `/readyz`,
-//! `/queues`, pause and resume) on `--admin`, where the probes and the
+//! routes (`acemq::admin::AdminRouter` served by `acemq::admin::serve`, feature `axum`: `/healthz`, `/readyz`,
+//! `/queues`, pause and resume with `ACEMQ_ADMIN_TOKEN`'s token) on `--admin`, where the probes and the
 //! operator go. Each stops at its own moment.
 //!
 //! One signal root, `acemq::app::Signals` (SIGTERM, SIGINT, SIGHUP and
@@ -197,7 +197,16 @@ async fn main() -> ExitCode {
     // drain), the queues' snapshots, pause and resume. It stops when the
     // drain has ended.
     let health = running.health();
-    let admin_router = acemq::admin::router(health.clone());
+    let admin_token = match acemq::admin::AdminToken::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("axum_side_by_side: {e}");
+            return ExitCode::from(acemq::app::EXIT_CONFIG);
+        }
+    };
+    let admin_router = acemq::admin::AdminRouter::new(health.clone())
+        .token_opt(admin_token)
+        .build();
     let (listener, admin_listener) = match (
         tokio::net::TcpListener::bind(http).await,
         tokio::net::TcpListener::bind(admin).await,
@@ -214,11 +223,11 @@ async fn main() -> ExitCode {
             .with_graceful_shutdown(http_stop.clone().cancelled_owned())
             .into_future(),
     );
-    let admin_server = tokio::spawn(
-        axum::serve(admin_listener, admin_router)
-            .with_graceful_shutdown(health.drained())
-            .into_future(),
-    );
+    let admin_server = tokio::spawn(acemq::admin::serve(
+        admin_listener,
+        admin_router,
+        health.drained(),
+    ));
 
     // A publisher outside any handler: one order a second until the stop.
     let publisher_stop = CancellationToken::new();

@@ -564,6 +564,37 @@ fn the_kubernetes_manifests_agree_with_the_config_and_the_admin_router() {
     assert_eq!(after("--http"), format!("0.0.0.0:{port}"));
     let port_name = container["ports"][0]["name"].as_str().expect("a port name");
 
+    // The admin token comes from a Secret, never from the manifest's text.
+    let token = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some(acemq::admin::TOKEN_ENV))
+        .unwrap_or_else(|| panic!("{file}: no {} in env", acemq::admin::TOKEN_ENV));
+    assert!(
+        token["value"].is_null(),
+        "{file}: the token is not written in the manifest"
+    );
+    assert!(
+        token["valueFrom"]["secretKeyRef"]["name"]
+            .as_str()
+            .is_some(),
+        "{file}: the token comes from a Secret"
+    );
+
+    // The NetworkPolicy beside it selects the Deployment's pods and opens
+    // only their admin port.
+    let policy = &manifests("docs/k8s/networkpolicy.yaml")["NetworkPolicy"]["spec"];
+    assert_eq!(
+        policy["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(policy["policyTypes"][0].as_str(), Some("Ingress"));
+    for rule in policy["ingress"].as_sequence().expect("ingress rules") {
+        assert_eq!(rule["ports"][0]["port"].as_str(), Some(port_name));
+        assert!(rule["ports"].as_sequence().expect("ports").len() == 1);
+    }
+
     // Every probe asks the admin router for a route it serves: /healthz
     // answers 200 before anything connected, /readyz 503 (not ready yet).
     let router = acemq::admin::router(acemq::Health::new());

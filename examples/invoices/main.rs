@@ -14,8 +14,8 @@
 //! cargo run --example invoices -- --http 127.0.0.1:8081   # [--no-seed] [--log-format text|json]
 //! # publish one: an invoice goes to the `billing` exchange with key invoices.eu
 //! curl -s localhost:8081/queues                  # snapshots
-//! curl -s -XPOST localhost:8081/queues/billing.invoices/pause
-//! curl -s -XPOST localhost:8081/queues/billing.invoices/resume
+//! curl -s -XPOST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" localhost:8081/queues/billing.invoices/pause
+//! curl -s -XPOST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" localhost:8081/queues/billing.invoices/resume
 //! ```
 //!
 //! `--log-format json` writes the log lines (stderr) as one JSON object per
@@ -87,16 +87,25 @@ async fn main() -> ExitCode {
     let mut admin = None;
     if let Some(addr) = http {
         let render = move || prometheus.as_ref().map(|p| p.render()).unwrap_or_default();
-        let router = acemq::admin::router_with_metrics(health.clone(), render);
+        let token = match acemq::admin::AdminToken::from_env() {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("invoices: {e}");
+                return ExitCode::from(acemq::app::EXIT_CONFIG);
+            }
+        };
+        let router = acemq::admin::AdminRouter::new(health.clone())
+            .token_opt(token)
+            .metrics(render)
+            .build();
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 info!(%addr, "admin routes: /healthz /readyz /queues /metrics");
-                let drained = health.drained();
-                admin = Some(tokio::spawn(async move {
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(drained)
-                        .await
-                }));
+                admin = Some(tokio::spawn(acemq::admin::serve(
+                    listener,
+                    router,
+                    health.drained(),
+                )));
             }
             Err(e) => tracing::warn!(%addr, error = %e, "could not bind the HTTP address"),
         }

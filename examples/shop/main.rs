@@ -25,7 +25,18 @@
 //! `--no-seed` publishes nothing.
 //!
 //! `--http ADDR` serves acemq's admin router there (`/healthz`, `/readyz`,
-//! `/queues`, pause and resume, `/metrics`). It answers through the drain —
+//! `/queues`, pause and resume, `/metrics`) through `acemq::admin::serve`
+//! (a header-read timeout, an idle bound, a connection cap). Pause and
+//! resume need `ACEMQ_ADMIN_TOKEN`'s token as `Authorization: Bearer`
+//! (unset, they answer 403; a token shorter than 16 characters exits 78):
+//!
+//! ```text
+//! export ACEMQ_ADMIN_TOKEN=$(openssl rand -hex 32)
+//! cargo run --example shop -- --http 127.0.0.1:8080 &
+//! curl -X POST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" 127.0.0.1:8080/queues/shop.orders/pause
+//! ```
+//!
+//! It answers through the drain —
 //! `/readyz` is 503 from the drain's first step — and stops once the drain
 //! has ended (`Health::drained`), so a probe never finds the port closed
 //! while handlers are still finishing.
@@ -196,6 +207,29 @@ async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, queue: &str) {
     info!(orders = n, %queue, "published the {} batch", seed.name());
 }
 
+/// The admin token from `ACEMQ_ADMIN_TOKEN` (`None` when unset: pause and
+/// resume then answer 403), or exit 78 when it is set to one that cannot
+/// serve.
+fn admin_token() -> Result<Option<acemq::admin::AdminToken>, ExitCode> {
+    match acemq::admin::AdminToken::from_env() {
+        Ok(Some(t)) => {
+            info!("admin control routes (pause, resume) on: ACEMQ_ADMIN_TOKEN is set");
+            Ok(Some(t))
+        }
+        Ok(None) => {
+            info!(
+                "admin control routes (pause, resume) off: set ACEMQ_ADMIN_TOKEN to turn them on"
+            );
+            Ok(None)
+        }
+        Err(e) => {
+            eprintln!("shop: {e}");
+            Err(ExitCode::from(acemq::app::EXIT_CONFIG))
+        }
+    }
+}
+
+
 /// The stack that std gives a thread spawned without a size, lapin's
 /// `lapin-io-loop` among them, unless `RUST_MIN_STACK` says otherwise:
 /// 64 MiB of address space (touched only as deep as a parse goes). The
@@ -236,6 +270,10 @@ async fn shop() -> ExitCode {
             eprintln!("shop: {e}");
             return ExitCode::from(acemq::app::EXIT_CONFIG);
         }
+    };
+    let admin_token = match admin_token() {
+        Ok(t) => t,
+        Err(code) => return code,
     };
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
@@ -288,18 +326,18 @@ async fn shop() -> ExitCode {
     // the drain (`/readyz` 503) and stops when the drain has ended.
     let mut admin = None;
     if let Some(addr) = args.http {
-        let router = acemq::admin::router_with_metrics(health.clone(), move || {
-            prometheus.as_ref().map(|p| p.render()).unwrap_or_default()
-        });
+        let router = acemq::admin::AdminRouter::new(health.clone())
+            .token_opt(admin_token)
+            .metrics(move || prometheus.as_ref().map(|p| p.render()).unwrap_or_default())
+            .build();
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
-                let drained = health.drained();
-                admin = Some(tokio::spawn(async move {
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(drained)
-                        .await
-                }));
+                admin = Some(tokio::spawn(acemq::admin::serve(
+                    listener,
+                    router,
+                    health.drained(),
+                )));
             }
             Err(e) => {
                 warn!(%addr, error = %e, "could not bind the HTTP address; continuing without it")

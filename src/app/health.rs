@@ -116,8 +116,9 @@ pub struct HealthSnapshot {
     pub connected: bool,
     /// The publishing connection is open.
     pub publisher_connected: bool,
-    /// The broker address (password hidden) the consumers' connection
-    /// answered on: with several `addresses`, which node this is.
+    /// The broker address the consumers' connection answered on, without
+    /// its user name or password (anyone may read `/readyz`): with several
+    /// `addresses`, which node this is.
     pub broker: Option<String>,
     /// The same for the publishing connection.
     pub publisher_broker: Option<String>,
@@ -173,6 +174,18 @@ pub struct QueueSnapshot {
     /// processed and acknowledged without calling the handler, so far
     /// ([`acemq_layers::inbox::duplicates`]; `acemq.inbox.duplicates`).
     pub inbox_duplicates: u64,
+}
+
+/// `addr` (one address, already redacted) without user name or password.
+fn without_user(addr: &str) -> String {
+    match url::Url::parse(addr) {
+        Ok(mut u) if u.has_host() => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        _ => "<unparseable AMQP address>".to_owned(),
+    }
 }
 
 impl Health {
@@ -257,7 +270,7 @@ impl Health {
             ConnectionRole::Consumer => 0,
             ConnectionRole::Publisher => 1,
         };
-        self.inner.brokers.locked()[i] = broker;
+        self.inner.brokers.locked()[i] = broker.as_deref().map(without_user);
     }
 
     pub(crate) fn set_draining(&self) {

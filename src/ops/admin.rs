@@ -1,17 +1,20 @@
 //! An admin router for axum: liveness, readiness, per-queue snapshots, pause
 //! and resume (feature `axum`).
 //!
-//! The router is an ordinary `axum::Router` over a [`Health`] handle, so it
-//! can be called like any tower service — here before anything connected:
+//! [`AdminRouter`] builds an ordinary `axum::Router` over a [`Health`]
+//! handle, so it can be called like any tower service — here before
+//! anything connected:
 //!
 //! ```
+//! use acemq::admin::{AdminRouter, AdminToken};
 //! use axum::body::Body;
 //! use axum::http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let admin = acemq::admin::router(acemq::Health::new());
+//! let token = AdminToken::new("3f9c2a7e5b1d4c8a9e6f0b2d")?;
+//! let admin = AdminRouter::new(acemq::Health::new()).token(token).build();
 //!
 //! let live = admin.clone().oneshot(Request::get("/healthz").body(Body::empty())?).await?;
 //! assert_eq!(live.status(), StatusCode::OK);
@@ -23,40 +26,78 @@
 //! let snapshot: serde_json::Value = serde_json::from_slice(&body)?;
 //! assert_eq!(snapshot["connected"], false);
 //!
-//! // No queue has started here, so pausing one is a 404 naming it.
+//! // A control route without the token: 401, before any queue is looked up.
 //! let pause = Request::post("/queues/shop.orders/pause").body(Body::empty())?;
+//! assert_eq!(admin.clone().oneshot(pause).await?.status(), StatusCode::UNAUTHORIZED);
+//!
+//! // With it: no queue has started here, so pausing one is a 404 naming it.
+//! let pause = Request::post("/queues/shop.orders/pause")
+//!     .header("authorization", "Bearer 3f9c2a7e5b1d4c8a9e6f0b2d")
+//!     .body(Body::empty())?;
 //! assert_eq!(admin.oneshot(pause).await?.status(), StatusCode::NOT_FOUND);
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! Served beside an [`App`](crate::App), on an address of its own, through
-//! the drain and stopped once it has ended
-//! ([`Health::drained`](crate::Health::drained)):
+//! Served beside an [`App`](crate::App), on an address of its own, by
+//! [`serve`] (timeouts and a connection cap), through the drain and stopped
+//! once the app has stopped ([`Health::drained`](crate::Health::drained),
+//! which also resolves when start-up fails); `main` returns `run`'s code:
 //!
 //! ```no_run
+//! use acemq::admin::{AdminRouter, AdminToken};
 //! use acemq::{App, Config, Delivery};
 //! use tower::service_fn;
 //!
-//! # async fn run() -> std::process::ExitCode {
-//! let config = Config::from_path("examples/shop.yaml").expect("valid config");
-//! let app = App::new(config).consume(
-//!     "shop.orders",
-//!     service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
-//! );
-//! let health = app.health();
-//! let admin = axum::Router::new().nest("/admin", acemq::admin::router(health.clone()));
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await.unwrap();
-//! let server = tokio::spawn(async move {
-//!     axum::serve(listener, admin).with_graceful_shutdown(health.drained()).await
-//! });
-//! let code = app.run().await;
-//! let _ = server.await;
-//! code
-//! # }
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     let config = Config::from_path("examples/shop.yaml").expect("valid config");
+//!     let app = App::new(config).consume(
+//!         "shop.orders",
+//!         service_fn(|_d: Delivery| async { Ok::<_, acemq::BoxError>(()) }),
+//!     );
+//!     let health = app.health();
+//!     // ACEMQ_ADMIN_TOKEN: pause and resume need it; unset, they answer 403.
+//!     let token = AdminToken::from_env().expect("ACEMQ_ADMIN_TOKEN");
+//!     let admin = AdminRouter::new(health.clone()).token_opt(token).build();
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await.unwrap();
+//!     let server = tokio::spawn(acemq::admin::serve(listener, admin, health.drained()));
+//!     let code = app.run().await;
+//!     let _ = server.await;
+//!     code
+//! }
 //! ```
 //!
-//! Then `curl -X POST localhost:8080/admin/queues/shop.orders/pause`.
+//! Then
+//! `curl -X POST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" localhost:8080/queues/shop.orders/pause`.
+//! `examples/admin_beside_app.rs` is this program.
+//!
+//! # The token
+//!
+//! Pause, resume and every route that changes state need
+//! `Authorization: Bearer <token>`, the token given to
+//! [`AdminRouter::token`] (a program's `main` reads `ACEMQ_ADMIN_TOKEN`
+//! through [`AdminToken::from_env`]; the router never reads the
+//! environment). It is checked first, in constant time: with no token
+//! configured the answer is `403` saying how to enable the routes; a
+//! missing or wrong one is `401` with `WWW-Authenticate: Bearer`, also for
+//! a queue that is not there. A browser cannot send the header cross-site
+//! without the token, so a page an operator visits cannot pause a queue.
+//! Each call is logged (target `acemq::ops::admin`) with the route, the
+//! queue and the peer's address, when the server put it in the request as
+//! `ConnectInfo<SocketAddr>` ([`serve`] does); a resume over an open
+//! circuit says so at WARN. The read-only routes answer anyone and show no
+//! user name or password.
+//!
+//! # Nesting it in your own server
+//!
+//! axum's `serve` sets no timer, so hyper's header-read timeout never fires
+//! there and a stranger can hold connections open for ever. Serve the
+//! admin routes with [`serve`] or [`Server`]; if they must share your
+//! server, give it the same bounds: hyper's `http1::Builder` with
+//! `.timer(TokioTimer::new())` and `.header_read_timeout(..)`, a cap on
+//! connections, an idle bound, and `into_make_service_with_connect_info::<SocketAddr>()`
+//! so that the control routes' log lines name the peer.
 //!
 //! # Routes
 //!
@@ -66,9 +107,9 @@
 //! | `GET /readyz` | `200` when ready, else `503`; the body is the [`HealthSnapshot`] as JSON |
 //! | `GET /queues` | every queue's [`QueueSnapshot`], as a JSON array in config order |
 //! | `GET /queues/{name}` | that queue's snapshot |
-//! | `POST /queues/{name}/pause` | pauses it; the body is its new snapshot (`"paused": true`); `409` once the drain has begun |
-//! | `POST /queues/{name}/resume` | resumes it (and closes an open or half-open circuit: an override until the breaker trips again); the body is its new snapshot |
-//! | `GET /metrics` | only with [`router_with_metrics`]: what your render closure returns |
+//! | `POST /queues/{name}/pause` | token; pauses it; the body is its new snapshot (`"paused": true`); `409` once the drain has begun |
+//! | `POST /queues/{name}/resume` | token; resumes it (and closes an open or half-open circuit: an override until the breaker trips again); the body is its new snapshot |
+//! | `GET /metrics` | only with [`AdminRouter::metrics`]: what your render closure returns |
 //!
 //! Once the drain has begun, pause and resume are a `409` saying so (with
 //! the queue's snapshot): the gates then only hand back.
@@ -95,7 +136,7 @@
 //! # Through the drain
 //!
 //! Serve the admin router on its own address and stop it with
-//! `with_graceful_shutdown(health.drained())`: it answers through the whole
+//! `health.drained()` (the shutdown future of [`serve`]): it answers through the whole
 //! drain — `/readyz` `503` from the drain's first step, so the orchestrator
 //! sees a draining instance rather than a closed port; `/queues` shows what
 //! is still in flight; pause and resume `409` — and stops once the drain
@@ -120,42 +161,157 @@
 //! queue route is `404`. Serve the router before start if you like; it
 //! answers as soon as the consumers exist.
 
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+mod auth;
+mod serve;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{header, Extensions, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
+use tracing::{info, warn};
+
+pub use auth::{AdminToken, BadToken, FromEnvError, MIN_TOKEN_LEN, TOKEN_ENV};
+pub use serve::{serve, Server};
 
 use crate::app::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
 
-/// The admin routes over `health` (see the [module docs](crate::admin)).
+/// What `/metrics` answers: the text a Prometheus recorder renders.
+type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The builder of the admin routes over a [`Health`] handle.
+///
+/// The read-only routes answer anyone; the control routes (pause, resume)
+/// need the [`token`](Self::token), and answer `403` without one configured.
+/// The builder reads nothing from the environment: a program's `main` does,
+/// through [`AdminToken::from_env`] (tests run in parallel, each with a
+/// token of its own). Further parts of the admin surface join it as
+/// methods of their own.
+///
+/// ```
+/// use acemq::admin::{AdminRouter, AdminToken};
+///
+/// let token = AdminToken::new("3f9c2a7e5b1d4c8a9e6f0b2d").unwrap();
+/// let admin: axum::Router = AdminRouter::new(acemq::Health::new())
+///     .token(token)
+///     .metrics(|| "acemq_ready 0\n".to_owned())
+///     .build();
+/// # let _ = admin;
+/// ```
+#[derive(Clone)]
+pub struct AdminRouter {
+    health: Health,
+    token: Option<AdminToken>,
+    metrics: Option<Render>,
+}
+
+impl std::fmt::Debug for AdminRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminRouter")
+            .field("health", &self.health)
+            .field("token", &self.token)
+            .field("metrics", &self.metrics.is_some())
+            .finish()
+    }
+}
+
+impl AdminRouter {
+    /// The routes over `health`, with no token yet (control routes `403`).
+    pub fn new(health: Health) -> Self {
+        Self {
+            health,
+            token: None,
+            metrics: None,
+        }
+    }
+
+    /// The token the control routes need, as `Authorization: Bearer <token>`.
+    pub fn token(mut self, token: AdminToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// [`token`](Self::token) when `token` is `Some` (what
+    /// [`AdminToken::from_env`] returns); `None` leaves the control routes off.
+    pub fn token_opt(mut self, token: Option<AdminToken>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// Adds `GET /metrics`, answering `render()` as
+    /// `text/plain; version=0.0.4; charset=utf-8` (Prometheus' text format).
+    ///
+    /// Before each render the handle's gauges (`acemq.ready`,
+    /// `acemq.inflight`, `acemq.held`) are set from the current state
+    /// ([`Health::record_metrics`]), so a scrape never reads stale gauges.
+    pub fn metrics<F>(mut self, render: F) -> Self
+    where
+        F: Fn() -> String + Send + Sync + 'static,
+    {
+        self.metrics = Some(Arc::new(render));
+        self
+    }
+
+    /// The `axum::Router`.
+    pub fn build(self) -> Router {
+        let admin = Admin {
+            health: self.health,
+            token: self.token,
+        };
+        // Every route that changes state sits behind the token check,
+        // which runs before anything else reads the request.
+        let control = Router::new()
+            .route("/queues/{name}/pause", post(pause))
+            .route("/queues/{name}/resume", post(resume))
+            .route_layer(axum::middleware::from_fn_with_state(admin.clone(), guard));
+        let mut router = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/queues", get(queues))
+            .route("/queues/{name}", get(queue))
+            .merge(control);
+        if let Some(render) = self.metrics {
+            let health = admin.health.clone();
+            router = router.route(
+                "/metrics",
+                get(move || {
+                    health.record_metrics();
+                    let body = render();
+                    async move {
+                        (
+                            [(
+                                header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )],
+                            body,
+                        )
+                    }
+                }),
+            );
+        }
+        router.with_state(admin)
+    }
+}
+
+/// The admin routes over `health`, with no token: the read-only routes
+/// answer, pause and resume are a `403` saying how to turn them on
+/// ([`AdminRouter`] with a [`token`](AdminRouter::token)).
 ///
 /// ```
 /// // The routes answer from the handle alone: no broker needed to build them.
 /// let app: axum::Router = acemq::admin::router(acemq::Health::new());
 /// # let _ = app;
 /// ```
-///
-/// Serving it beside your own routes: the [module docs](crate::admin) and
-/// `examples/axum_side_by_side.rs`.
 pub fn router(health: Health) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/queues", get(queues))
-        .route("/queues/{name}", get(queue))
-        .route("/queues/{name}/pause", post(pause))
-        .route("/queues/{name}/resume", post(resume))
-        .with_state(health)
+    AdminRouter::new(health).build()
 }
 
-/// [`router`] and `GET /metrics`, answering `render()` as
-/// `text/plain; version=0.0.4; charset=utf-8` (Prometheus' text format).
-///
-/// Before each render the handle's gauges (`acemq.ready`, `acemq.inflight`,
-/// `acemq.held`) are set from the current state
-/// ([`Health::record_metrics`]), so a scrape never reads stale gauges.
+/// [`router`] and `GET /metrics` ([`AdminRouter::metrics`]), with no token.
 ///
 /// ```no_run
 /// # fn demo(health: acemq::Health) {
@@ -169,31 +325,46 @@ pub fn router_with_metrics<F>(health: Health, render: F) -> Router
 where
     F: Fn() -> String + Clone + Send + Sync + 'static,
 {
-    let h = health.clone();
-    router(health).route(
-        "/metrics",
-        get(move || {
-            h.record_metrics();
-            let body = render();
-            async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    body,
-                )
-            }
-        }),
-    )
+    AdminRouter::new(health).metrics(render).build()
+}
+
+/// The routes' state.
+#[derive(Clone)]
+struct Admin {
+    health: Health,
+    token: Option<AdminToken>,
+}
+
+/// The peer's address, when the server put it in the request
+/// ([`serve`] does; so does axum's `into_make_service_with_connect_info`).
+fn peer(ext: &Extensions) -> String {
+    ext.get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string())
+}
+
+/// The token check in front of the control routes; a refusal is logged
+/// with the route and the peer.
+async fn guard(State(admin): State<Admin>, req: Request, next: Next) -> Response {
+    match auth::check(admin.token.as_ref(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            warn!(
+                route = ?req.uri().path(),
+                peer = %peer(req.extensions()),
+                "admin: control route refused: {}",
+                refusal.as_str()
+            );
+            refusal.into_response()
+        }
+    }
 }
 
 async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn readyz(State(health): State<Health>) -> (StatusCode, Json<HealthSnapshot>) {
-    let snap = health.snapshot();
+async fn readyz(State(admin): State<Admin>) -> (StatusCode, Json<HealthSnapshot>) {
+    let snap = admin.health.snapshot();
     let code = if snap.ready {
         StatusCode::OK
     } else {
@@ -202,31 +373,62 @@ async fn readyz(State(health): State<Health>) -> (StatusCode, Json<HealthSnapsho
     (code, Json(snap))
 }
 
-async fn queues(State(health): State<Health>) -> Json<Vec<QueueSnapshot>> {
-    Json(health.snapshot().queues)
+async fn queues(State(admin): State<Admin>) -> Json<Vec<QueueSnapshot>> {
+    Json(admin.health.snapshot().queues)
 }
 
-async fn queue(State(health): State<Health>, Path(name): Path<String>) -> Response {
-    snapshot_of(&health, &name)
+async fn queue(State(admin): State<Admin>, Path(name): Path<String>) -> Response {
+    snapshot_of(&admin.health, &name)
 }
 
-async fn pause(State(health): State<Health>, Path(name): Path<String>) -> Response {
-    if let Some(refused) = draining(&health, &name, "pause") {
+async fn pause(State(admin): State<Admin>, Path(name): Path<String>, ext: Extensions) -> Response {
+    let health = &admin.health;
+    let peer = peer(&ext);
+    if let Some(refused) = draining(health, &name, "pause") {
+        info!(route = "pause", queue = ?name, %peer, "admin: pause refused: the drain has begun");
         return refused;
     }
     match health.pause(&name) {
-        Ok(()) => snapshot_of(&health, &name),
-        Err(e) => not_found(&health, e),
+        Ok(()) => {
+            info!(route = "pause", queue = ?name, %peer, "admin: queue paused by an operator");
+            snapshot_of(health, &name)
+        }
+        Err(e) => {
+            info!(route = "pause", queue = ?name, %peer, "admin: pause of a queue not consumed here");
+            not_found(health, e)
+        }
     }
 }
 
-async fn resume(State(health): State<Health>, Path(name): Path<String>) -> Response {
-    if let Some(refused) = draining(&health, &name, "resume") {
+async fn resume(State(admin): State<Admin>, Path(name): Path<String>, ext: Extensions) -> Response {
+    let health = &admin.health;
+    let peer = peer(&ext);
+    if let Some(refused) = draining(health, &name, "resume") {
+        info!(route = "resume", queue = ?name, %peer, "admin: resume refused: the drain has begun");
         return refused;
     }
+    let circuit = health.circuit(&name).map(|c| c.as_str());
     match health.resume(&name) {
-        Ok(()) => snapshot_of(&health, &name),
-        Err(e) => not_found(&health, e),
+        Ok(()) => {
+            match circuit {
+                Ok(circuit @ ("open" | "half_open")) => warn!(
+                    route = "resume",
+                    queue = ?name,
+                    %peer,
+                    circuit,
+                    "admin: queue resumed by an operator, overriding its {circuit} circuit: \
+                     closed until the breaker trips again"
+                ),
+                _ => {
+                    info!(route = "resume", queue = ?name, %peer, "admin: queue resumed by an operator")
+                }
+            }
+            snapshot_of(health, &name)
+        }
+        Err(e) => {
+            info!(route = "resume", queue = ?name, %peer, "admin: resume of a queue not consumed here");
+            not_found(health, e)
+        }
     }
 }
 
@@ -338,12 +540,27 @@ mod tests {
         open
     }
 
+    const TOKEN: &str = "test-admin-token-0123456789";
+
+    /// The routes over `health` with [`TOKEN`].
+    fn router(health: Health) -> Router {
+        AdminRouter::new(health)
+            .token(AdminToken::new(TOKEN).expect("a valid token"))
+            .build()
+    }
+
+    /// `method uri` with [`TOKEN`] as its bearer token.
     async fn call(router: &Router, method: &str, uri: &str) -> (StatusCode, String) {
         let req = Request::builder()
             .method(method)
             .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
             .body(Body::empty())
             .expect("request");
+        send(router, req).await
+    }
+
+    async fn send(router: &Router, req: Request<Body>) -> (StatusCode, String) {
         let resp = router.clone().oneshot(req).await.expect("infallible");
         let status = resp.status();
         let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
@@ -540,6 +757,12 @@ mod tests {
     async fn metrics_renders_what_the_closure_returns_with_prometheus_content_type() {
         let (health, _) = health_with(&["a"]);
         let app = router_with_metrics(health, || "acemq_ready 0\n".to_owned());
+        let (status, _) = call(&app, "POST", "/queues/a/pause").await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "no token: control routes off"
+        );
         let req = Request::builder()
             .uri("/metrics")
             .body(Body::empty())
@@ -554,5 +777,119 @@ mod tests {
         assert_eq!(body, "acemq_ready 0\n");
         let (status, _) = call(&app, "GET", "/healthz").await;
         assert_eq!(status, StatusCode::OK, "the other routes are there too");
+    }
+
+    /// A POST to `uri` with `auth` as its `Authorization` header (none when
+    /// `None`).
+    async fn post_with(router: &Router, uri: &str, auth: Option<&str>) -> Response {
+        let mut req = Request::post(uri);
+        if let Some(auth) = auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        router
+            .clone()
+            .oneshot(req.body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible")
+    }
+
+    #[tokio::test]
+    async fn without_a_token_configured_control_routes_are_403_saying_how_to_enable_them() {
+        let (health, gates) = health_with(&["a"]);
+        for app in [
+            super::router(health.clone()),
+            AdminRouter::new(health.clone()).token_opt(None).build(),
+        ] {
+            for uri in ["/queues/a/pause", "/queues/a/resume", "/queues/nope/pause"] {
+                let resp = post_with(&app, uri, Some(&format!("Bearer {TOKEN}"))).await;
+                assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{uri}");
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                let err = parse(std::str::from_utf8(&body).unwrap());
+                let text = err["error"].as_str().unwrap();
+                assert!(
+                    text.contains("ACEMQ_ADMIN_TOKEN") && text.contains("AdminRouter::token"),
+                    "{text}"
+                );
+            }
+            assert_eq!(call(&app, "GET", "/queues/a").await.0, StatusCode::OK);
+        }
+        assert!(!gates[0].is_paused());
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_wrong_token_is_401_before_the_queue_is_looked_up() {
+        let (health, gates) = health_with(&["a"]);
+        let app = router(health);
+        let cases = [
+            (None, "Bearer realm=\"acemq-admin\""),
+            (
+                Some("Basic YWRtaW46YWRtaW4="),
+                "Bearer realm=\"acemq-admin\"",
+            ),
+            (
+                Some("Bearer test-admin-token-012345678X"),
+                "Bearer realm=\"acemq-admin\", error=\"invalid_token\"",
+            ),
+        ];
+        for (auth, challenge) in cases {
+            for uri in ["/queues/a/pause", "/queues/a/resume", "/queues/nope/pause"] {
+                let resp = post_with(&app, uri, auth).await;
+                assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{uri} {auth:?}");
+                assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], challenge);
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                assert!(
+                    !String::from_utf8_lossy(&body).contains("queues"),
+                    "a refusal names no queue: {body:?}"
+                );
+            }
+        }
+        assert!(!gates[0].is_paused());
+        assert_eq!(
+            call(&app, "POST", "/queues/a/pause").await.0,
+            StatusCode::OK
+        );
+        assert!(gates[0].is_paused());
+    }
+
+    #[tokio::test]
+    async fn a_cross_site_text_plain_post_cannot_pause_a_queue() {
+        let (health, gates) = health_with(&["a"]);
+        let app = router(health);
+        // What a page on another site can send without a preflight: a
+        // "simple" POST, text/plain, with cookies but no Authorization.
+        let req = Request::post("/queues/a/pause")
+            .header(header::ORIGIN, "https://evil.example")
+            .header(header::HOST, "attacker.example")
+            .header(header::CONTENT_TYPE, "text/plain")
+            .header(header::COOKIE, "session=1")
+            .body(Body::from("x"))
+            .unwrap();
+        let (status, _) = send(&app, req).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(!gates[0].is_paused());
+    }
+
+    #[tokio::test]
+    async fn read_only_routes_need_no_token_and_readyz_shows_no_user_name() {
+        let (health, _) = health_with(&["a"]);
+        let app = router(health.clone());
+        for uri in ["/healthz", "/queues", "/queues/a"] {
+            let req = Request::get(uri).body(Body::empty()).unwrap();
+            assert_eq!(send(&app, req).await.0, StatusCode::OK, "{uri}");
+        }
+        // The broker's address is shown, its user name is not.
+        health.set_broker(
+            ConnectionRole::Consumer,
+            Some("amqp://alice:***@rabbit:5672/%2f".to_owned()),
+        );
+        let req = Request::get("/readyz").body(Body::empty()).unwrap();
+        let (status, body) = send(&app, req).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(parse(&body)["broker"], json!("amqp://rabbit:5672/%2f"));
+        assert!(!body.contains("alice"), "{body}");
     }
 }

@@ -14,10 +14,14 @@ use tower::ServiceExt;
 
 use crate::support::{eventually, plain_config, start_consuming, topology_queues, unique, Broker};
 
+/// The admin token of the routes under test.
+const TOKEN: &str = "admin-broker-test-token-7";
+
 async fn call(router: &axum::Router, method: &str, uri: &str) -> (StatusCode, Value) {
     let req = Request::builder()
         .method(method)
         .uri(uri)
+        .header("authorization", format!("Bearer {TOKEN}"))
         .body(Body::empty())
         .expect("request");
     let resp = router.clone().oneshot(req).await.expect("infallible");
@@ -46,7 +50,9 @@ async fn a_pause_through_the_admin_route_holds_a_message_until_the_resume_route(
         }
     });
     let running = start_consuming(config, &q, handler).await;
-    let admin = acemq::admin::router(running.health());
+    let admin = acemq::admin::AdminRouter::new(running.health())
+        .token(acemq::admin::AdminToken::new(TOKEN).expect("a valid token"))
+        .build();
     let route = format!("/queues/{q}");
 
     let (status, snap) = call(&admin, "POST", &format!("{route}/pause")).await;

@@ -1,6 +1,6 @@
 //! The admin server beside the drain, as `examples/axum_side_by_side.rs`
 //! runs it: the application's own routes stop first; the admin router,
-//! served with `with_graceful_shutdown(health.drained())`, answers through
+//! served by `acemq::admin::serve` until `health.drained()`, answers through
 //! the drain — `/readyz` 503, pause 409 — and stops once the drain has
 //! ended.
 
@@ -21,11 +21,16 @@ use crate::support::{
     ShopProcess,
 };
 
-/// One HTTP/1.0 request: `Some((status, body))`, or `None` when nothing
-/// accepts the connection.
+/// The admin token of the routes under test.
+const TOKEN: &str = "admin-drain-test-token-42";
+
+/// One HTTP/1.0 request with [`TOKEN`]: `Some((status, body))`, or `None`
+/// when nothing accepts the connection.
 async fn request(addr: SocketAddr, method: &str, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let req = format!("{method} {path} HTTP/1.0\r\nHost: test\r\nContent-Length: 0\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: test\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 0\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.ok()?;
@@ -69,11 +74,14 @@ async fn the_admin_routes_answer_503_through_the_drain_after_the_own_routes_stop
     // The admin routes on their own address, until the drain has ended.
     let admin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let admin_addr = admin_listener.local_addr().expect("addr");
-    let admin = tokio::spawn(
-        axum::serve(admin_listener, acemq::admin::router(health.clone()))
-            .with_graceful_shutdown(health.drained())
-            .into_future(),
-    );
+    let admin_router = acemq::admin::AdminRouter::new(health.clone())
+        .token(acemq::admin::AdminToken::new(TOKEN).expect("a valid token"))
+        .build();
+    let admin = tokio::spawn(acemq::admin::serve(
+        admin_listener,
+        admin_router,
+        health.drained(),
+    ));
     // The application's own routes, until the stop.
     let own_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let own_addr = own_listener.local_addr().expect("addr");
