@@ -15,6 +15,7 @@ mod support;
 mod admin;
 #[cfg(feature = "axum")]
 mod admin_drain;
+mod admin_serve;
 mod bad_input;
 mod batch;
 mod breaker;

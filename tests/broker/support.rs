@@ -624,6 +624,11 @@ impl ShopProcess {
         self.stdout.lock().unwrap().clone()
     }
 
+    /// The admin address (`--http`).
+    pub fn http(&self) -> &str {
+        &self.http
+    }
+
     /// `GET /readyz`: (HTTP status, JSON body), or `None` when nothing answers.
     pub async fn readyz(&self) -> Option<(u16, serde_json::Value)> {
         self.get_json("/readyz").await
