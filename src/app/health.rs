@@ -232,8 +232,11 @@ impl Health {
     /// cancelled and abandoned), the channels and connections closed, the
     /// report made — when [`Drain::run`](crate::Drain::run) (or
     /// [`Running::run`](crate::Running::run) and the other ways to drain)
-    /// is about to return. Never resolves if nothing drains (a failed start,
-    /// a handle not from an [`App`](crate::App)).
+    /// is about to return — or once start-up has failed
+    /// ([`App::start`](crate::App::start) returned an error, so
+    /// [`App::run`](crate::App::run) returns its exit code): whenever `run`
+    /// returns, this has resolved. Never resolves for a handle not from an
+    /// [`App`](crate::App).
     ///
     /// Made for the admin server, so that it answers through the drain
     /// (`/readyz` 503, pause and resume 409) and stops after it:
@@ -242,12 +245,10 @@ impl Health {
     /// # async fn serve(app: acemq::App) -> std::process::ExitCode {
     /// let health = app.health();
     /// let admin = acemq::admin::router(health.clone());
-    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await.unwrap();
-    /// let server = tokio::spawn(async move {
-    ///     axum::serve(listener, admin).with_graceful_shutdown(health.drained()).await
-    /// });
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await.unwrap();
+    /// let server = tokio::spawn(acemq::admin::serve(listener, admin, health.drained()));
     /// let code = app.run().await;
-    /// let _ = server.await; // ended with the drain
+    /// let _ = server.await; // ended with the drain, or with a failed start
     /// code
     /// # }
     /// ```

@@ -41,7 +41,24 @@ impl App {
     /// As [`start`](Self::start), ending start-up at once (with
     /// [`StartError::Stopped`], everything opened closed again) when `stop`
     /// resolves first — during connect, topology or opening the consumers.
+    ///
+    /// A start that fails leaves nothing to drain: [`Health::drained`]
+    /// resolves then (and `/readyz` says draining), so that a server
+    /// stopped by it ends and the program can return the exit code.
     pub async fn start_until(
+        self,
+        stop: impl Future<Output = &'static str>,
+    ) -> Result<Running, StartError> {
+        let health = self.health.clone();
+        let started = self.start_or_fail(stop).await;
+        if started.is_err() {
+            health.set_draining();
+            health.set_drained();
+        }
+        started
+    }
+
+    async fn start_or_fail(
         self,
         stop: impl Future<Output = &'static str>,
     ) -> Result<Running, StartError> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lapin::types::FieldTable;
 
-use crate::support::{all_queues, shop_binary, unique, Broker, ShopProcess};
+use crate::support::{all_queues, example_binary, shop_binary, unique, Broker, ShopProcess};
 
 /// A shop config naming `q`, with `extra` top-level keys and `queue_extra`
 /// keys of the queue.
@@ -331,4 +331,39 @@ async fn a_concurrency_above_prefetch_or_a_duration_above_its_maximum_exits_78_w
             );
         }
     }
+}
+
+/// The docs' pattern (`examples/admin_beside_app.rs`: the admin server
+/// spawned until `health.drained()`, then `app.run()`, then the server
+/// awaited) with no broker at `AMQP_ADDR`: the start fails, `drained`
+/// resolves, the server stops, and the process exits 69 at once rather than
+/// waiting for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_admin_pattern_exits_69_when_no_broker_is_there() {
+    let bin = example_binary("admin_beside_app"); // built before the clock starts
+    let t0 = Instant::now();
+    let mut child = tokio::process::Command::new(bin)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("AMQP_ADDR", "amqp://guest:guest@127.0.0.1:1/%2f")
+        .env("ADMIN_ADDR", "127.0.0.1:0")
+        .env_remove("ACEMQ_ADMIN_TOKEN")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the example starts");
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("still running after 15 s: drained() never resolved"))
+        .expect("waited");
+    let took = t0.elapsed();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use tokio::io::AsyncReadExt;
+        let _ = e.read_to_string(&mut stderr).await;
+    }
+    assert_eq!(status.code(), Some(69), "stderr:\n{stderr}");
+    eprintln!("the docs' admin pattern with no broker exited 69 after {took:?}");
 }

@@ -523,29 +523,32 @@ pub fn thread_cpu_time() -> Duration {
 /// The `shop` example binary, built once per test run.
 pub fn shop_binary() -> &'static std::path::PathBuf {
     static SHOP: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    SHOP.get_or_init(|| {
-        // The test binary is <target>/<profile>/deps/broker-<hash>; the
-        // example goes to <target>/<profile>/examples/shop.
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("<target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("<target>");
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args(["build", "--example", "shop", "--target-dir"])
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("cargo build --example shop runs");
-        assert!(status.success(), "cargo build --example shop failed");
-        let shop = profile_dir.join("examples").join("shop");
-        assert!(shop.exists(), "no shop binary at {}", shop.display());
-        shop
-    })
+    SHOP.get_or_init(|| example_binary("shop"))
+}
+
+/// Builds the example `name` beside the test binary and returns its path.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    // The test binary is <target>/<profile>/deps/broker-<hash>; the
+    // example goes to <target>/<profile>/examples/<name>.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("<target>/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("<target>");
+    let mut build = std::process::Command::new(env!("CARGO"));
+    build
+        .args(["build", "--example", name, "--target-dir"])
+        .arg(target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("cargo build --example runs");
+    assert!(status.success(), "cargo build --example {name} failed");
+    let bin = profile_dir.join("examples").join(name);
+    assert!(bin.exists(), "no {name} binary at {}", bin.display());
+    bin
 }
 
 /// A shop process: `shop --config FILE --no-seed --queue Q --http ADDR`,
