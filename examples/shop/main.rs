@@ -229,7 +229,6 @@ fn admin_token() -> Result<Option<acemq::admin::AdminToken>, ExitCode> {
     }
 }
 
-
 /// The stack that std gives a thread spawned without a size, lapin's
 /// `lapin-io-loop` among them, unless `RUST_MIN_STACK` says otherwise:
 /// 64 MiB of address space (touched only as deep as a parse goes). The
