@@ -14,8 +14,8 @@ pub(crate) fn json<T: Serialize>(value: &T) {
     }
 }
 
-/// At most `max` bytes of `bytes`, printable: UTF-8 text as it is, with
-/// `\n`, `\r`, `\t`, `\\` and other control characters escaped and bytes
+/// At most `max` bytes of `bytes`, printable: UTF-8 text escaped as
+/// [`acemq::layers::escape`] does (`\n`, `\\`, ESC as `\u{1b}`) and bytes
 /// that are not UTF-8 as `\xNN`; `…` when cut.
 pub(crate) fn escape_bytes(bytes: &[u8], max: usize) -> String {
     let (head, cut) = if bytes.len() > max {
@@ -44,15 +44,11 @@ pub(crate) fn escape_bytes(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// One character as a person may see it: the escaping of every text from
+/// a message ([`acemq::layers::escape`]).
 fn push_escaped(out: &mut String, c: char) {
-    match c {
-        '\n' => out.push_str("\\n"),
-        '\r' => out.push_str("\\r"),
-        '\t' => out.push_str("\\t"),
-        '\\' => out.push_str("\\\\"),
-        c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-        c => out.push(c),
-    }
+    // Writing to a String cannot fail.
+    let _ = acemq::layers::escape::push_escaped(out, c);
 }
 
 /// `text` escaped as [`escape_bytes`] does, cut to at most `max` characters.

@@ -322,9 +322,14 @@ fn print_text(r: &PeekReport) {
             head.push("redelivered".to_owned());
         }
         println!("#{} {}", p.position, head.join(", "));
+        // Both are headers a publisher can forge (a short expiration gets
+        // a message dead-lettered with them intact): escaped.
         let reason = match (&p.reason, &p.broker_reason) {
-            (Some(r), _) => r.clone(),
-            (None, Some(b)) => format!("none (the broker dead-lettered it: {b})"),
+            (Some(r), _) => cut(r, ERROR_SHOWN),
+            (None, Some(b)) => format!(
+                "none (the broker dead-lettered it: {})",
+                cut(b, ERROR_SHOWN)
+            ),
             (None, None) => "none".to_owned(),
         };
         match p.attempts {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use acemq::layers::Escaped;
 use acemq::{BoxError, Delivery, Reject};
 use serde::Deserialize;
 use tracing::{info, warn};
@@ -91,7 +92,7 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
             tokio::select! {
                 () = work => {}
                 () = delivery.token().cancelled() => {
-                    info!(order = %order.id, attempt, outcome = "cancelled", "work cancelled by the drain; handing the order back");
+                    info!(order = %Escaped(&order.id), attempt, outcome = "cancelled", "work cancelled by the drain; handing the order back");
                     return Err("cancelled by the drain".into());
                 }
             }
@@ -100,20 +101,20 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
     match order.fail {
         Some(Fail::Permanent) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);
-            info!(order = %order.id, attempt, outcome = "rejected", "permanent failure");
+            info!(order = %Escaped(&order.id), attempt, outcome = "rejected", "permanent failure");
             return Err(Reject::new(format!("order {} cannot be fulfilled", order.id)).into());
         }
         Some(Fail::Panic) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);
-            info!(order = %order.id, attempt, outcome = "panic", "about to panic");
-            panic!("order {} hit a bug", order.id);
+            info!(order = %Escaped(&order.id), attempt, outcome = "panic", "about to panic");
+            panic!("order {} hit a bug", Escaped(&order.id));
         }
         None => {}
     }
     let now = now_ms();
     if order.fail_until_ms > now {
         stats.failed.fetch_add(1, Ordering::Relaxed);
-        info!(order = %order.id, attempt, outcome = "failed", "transient failure (simulated outage)");
+        info!(order = %Escaped(&order.id), attempt, outcome = "failed", "transient failure (simulated outage)");
         return Err(Outage {
             id: order.id,
             until_ms: order.fail_until_ms,
@@ -123,7 +124,7 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
     }
     if attempt <= order.fail_attempts {
         stats.failed.fetch_add(1, Ordering::Relaxed);
-        info!(order = %order.id, attempt, outcome = "failed", "transient failure");
+        info!(order = %Escaped(&order.id), attempt, outcome = "failed", "transient failure");
         return Err(Transient {
             id: order.id,
             attempt,
@@ -132,7 +133,7 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
         .into());
     }
     stats.ok.fetch_add(1, Ordering::Relaxed);
-    info!(order = %order.id, attempt, outcome = "handled", "order handled");
+    info!(order = %Escaped(&order.id), attempt, outcome = "handled", "order handled");
     Ok(())
 }
 

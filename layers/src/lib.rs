@@ -134,6 +134,7 @@ pub mod dead_letter_retry;
 mod decision;
 mod delivery;
 mod error;
+pub mod escape;
 pub mod headers;
 pub mod in_flight;
 pub mod inbox;
@@ -162,6 +163,7 @@ pub use delivery::{
 pub use error::{
     display_chain, is_timeout, BoxError, Class, Classify, DefaultClassifier, HandlerPanic, Reject,
 };
+pub use escape::{escape, Escaped};
 pub use headers::{Headers, Value};
 pub use in_flight::{Claim, ClaimLayer, InFlight, InFlightCounter, InFlightLayer};
 pub use inbox::{Inbox, InboxLayer, InboxStore};

@@ -246,11 +246,6 @@ where
         let draining = self.phase.is_stopping();
         let took = now.into_std().saturating_duration_since(started);
         record(&self.outcomes, self.stats, draining, &decision, took);
-        if let Decision::DeadLetter(d) = &decision {
-            if !d.published && !self.dead_letter {
-                warn!(queue = %self.queue, reason = %d.reason, error = %d.error, "dead_letter is off for this queue: the broker drops the rejected delivery");
-            }
-        }
         let outcome = Settlement::of(&decision);
         if let (Some(key), Settlement::Ack | Settlement::Reject) = (key, outcome) {
             // Settled: a message struck before starts afresh if it is ever
@@ -347,7 +342,12 @@ where
         };
         self.ready = false;
         let tag = delivery.delivery_tag();
-        handlers.push(start_handler(&mut self.service, self.queue, delivery));
+        handlers.push(start_handler(
+            &mut self.service,
+            self.queue,
+            delivery,
+            self.dead_letter,
+        ));
         let key = self.service.take_last_key();
         self.started.insert(tag, received, key);
         true

@@ -43,6 +43,7 @@ pub(super) fn start_handler<S>(
     service: &mut S,
     queue: &Arc<str>,
     delivery: Delivery,
+    dead_letter: bool,
 ) -> Handling<S::Future>
 where
     S: Service<Delivery, Response = Decision, Error = BoxError>,
@@ -57,6 +58,7 @@ where
         held,
         span,
         started,
+        dead_letter,
     }
 }
 
@@ -72,6 +74,10 @@ pin_project! {
         held: Delivery,
         span: Span,
         started: Instant,
+        // The queue's `dead_letter`: when off, a rejected delivery is
+        // dropped by the broker (unless its own dead-letter exchange takes
+        // it), and that is said here, with the message id.
+        dead_letter: bool,
     }
 }
 
@@ -111,6 +117,19 @@ where
                 })
             }
         };
+        if let Decision::DeadLetter(d) = &decision {
+            if !d.published && !*this.dead_letter {
+                tracing::warn!(
+                    queue = %held.queue(),
+                    message_id = held.properties().message_id.as_deref().unwrap_or(""),
+                    reason = %d.reason,
+                    error = d.error.as_str(),
+                    "dead_letter is off for this queue: the broker drops the rejected delivery \
+                     (unless the queue has its own dead-letter exchange); set dead_letter: true \
+                     to keep it in the dead-letter queue with its reason"
+                );
+            }
+        }
         crate::telemetry::record_decision(this.span, &decision);
         Poll::Ready((decision, tag, started, false))
     }

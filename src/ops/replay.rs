@@ -124,7 +124,7 @@ impl fmt::Display for ReplayReport {
             let parts: Vec<String> = self
                 .moved_by_reason
                 .iter()
-                .map(|(r, n)| format!("{r}: {n}"))
+                .map(|(r, n)| format!("{}: {n}", acemq_layers::Escaped(r)))
                 .collect();
             write!(f, " ({})", parts.join(", "))?;
         }
@@ -489,5 +489,22 @@ mod tests {
             r.to_string(),
             "moved 2 from q.dlq to q (rejected: 2); 1 left in q.dlq (other reasons)"
         );
+    }
+
+    #[test]
+    fn a_forged_reason_is_shown_escaped() {
+        let mut r = ReplayReport {
+            from: "q.dlq".into(),
+            to: "q".into(),
+            moved: 1,
+            ..ReplayReport::default()
+        };
+        r.moved_by_reason.insert("x\x1b[2J\nERROR forged".into(), 1);
+        let shown = r.to_string();
+        assert_eq!(
+            shown,
+            "moved 1 from q.dlq to q (x\\u{1b}[2J\\nERROR forged: 1)"
+        );
+        assert!(!shown.chars().any(char::is_control), "{shown}");
     }
 }

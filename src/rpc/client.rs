@@ -337,7 +337,10 @@ async fn route_replies(
             None => {
                 late.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("acemq.rpc.late_replies").increment(1);
-                debug!(correlation_id = %id, "a reply after its call ended, dropped");
+                debug!(
+                    correlation_id = id.as_str(),
+                    "a reply after its call ended, dropped"
+                );
             }
         }
     }

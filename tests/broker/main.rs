@@ -31,6 +31,7 @@ mod factory;
 mod faults;
 mod held;
 mod hostile_headers;
+mod hostile_text;
 mod kill_dupes;
 mod logs;
 mod lost_in_drain;

@@ -91,21 +91,39 @@ pub(crate) async fn plan(
             println!("{}", item.line());
         }
         println!("plan for {}: {}", plan.broker, summary(&plan));
-        let c = plan.counts();
-        if c.missing + c.bindings_missing > 0 {
-            println!(
-                "run `acemq topology apply --config {}` to declare what is missing",
-                config.display()
-            );
-        }
-        if c.differs > 0 {
-            println!(
-                "apply does not change a queue or exchange that differs: move its messages and \
-                 delete it, or change the config to match it"
-            );
+        for line in advice(&plan, config) {
+            println!("{line}");
         }
     }
     Ok(if differs { Exit::Differences } else { Exit::Ok })
+}
+
+/// What the plan's reader can do next: never "run apply" when apply would
+/// refuse (a difference, or something missing that the config leaves to
+/// others to declare).
+fn advice(plan: &Plan, config: &Path) -> Vec<String> {
+    let c = plan.counts();
+    let mut lines = Vec::new();
+    if c.differs > 0 {
+        lines.push(
+            "apply does not change a queue or exchange that differs: move its messages and \
+             delete it, or change the config to match it"
+                .to_owned(),
+        );
+    }
+    match refusal(plan) {
+        Some(_) if c.differs > 0 => {}
+        Some(refused) => lines.push(format!(
+            "`acemq topology apply` would refuse until this is fixed: {}",
+            refused.message
+        )),
+        None if c.missing + c.bindings_missing > 0 => lines.push(format!(
+            "run `acemq topology apply --config {}` to declare what is missing",
+            config.display()
+        )),
+        None => {}
+    }
+    lines
 }
 
 /// Why `apply` will not start: the first item that it cannot make right,
@@ -263,5 +281,37 @@ mod tests {
         assert_eq!(amq.exit, Exit::Config);
         assert!(refusal(&plan_with(Role::Queue, State::Missing, false)).is_none());
         assert!(refusal(&plan_with(Role::Binding, State::NotRead, false)).is_none());
+    }
+
+    #[test]
+    fn the_plan_never_says_to_run_apply_when_apply_would_refuse() {
+        let path = Path::new("shop.yaml");
+        let elsewhere = advice(&plan_with(Role::Queue, State::Missing, true), path);
+        assert_eq!(elsewhere.len(), 1, "{elsewhere:?}");
+        assert!(elsewhere[0].contains("would refuse"), "{elsewhere:?}");
+        assert!(
+            !elsewhere[0].contains("to declare what is missing"),
+            "{elsewhere:?}"
+        );
+        let ours = advice(&plan_with(Role::Queue, State::Missing, false), path);
+        assert_eq!(
+            ours,
+            ["run `acemq topology apply --config shop.yaml` to declare what is missing"]
+        );
+        let differs = advice(&plan_with(Role::Queue, State::Differs, false), path);
+        assert_eq!(differs.len(), 1, "{differs:?}");
+        assert!(
+            differs[0].starts_with("apply does not change"),
+            "{differs:?}"
+        );
+    }
+
+    #[test]
+    fn a_plan_line_shows_what_the_broker_said_escaped() {
+        let mut item = Item::new(Role::Queue, "q\x1b[2J", State::Differs);
+        item.broker_said = Some("PRECONDITION_FAILED\nERROR forged".into());
+        let line = item.line();
+        assert!(!line.chars().any(char::is_control), "{line}");
+        assert!(line.contains("q\\u{1b}[2J"), "{line}");
     }
 }

@@ -3,6 +3,7 @@
 //! changed.
 
 use acemq::config::Config;
+use acemq::layers::escape;
 use acemq::topology::{BindingDecl, Topology};
 use serde::Serialize;
 
@@ -85,8 +86,10 @@ impl Item {
     /// `= queue q`.
     pub(crate) fn line(&self) -> String {
         let noun = self.role.noun();
-        let name = &self.name;
-        let said = self.broker_said.as_deref().unwrap_or_default();
+        // Names come from the config and replies from the broker; both are
+        // shown escaped all the same.
+        let name = escape(&self.name);
+        let said = escape(self.broker_said.as_deref().unwrap_or_default());
         match self.state {
             State::Same if self.managed_elsewhere => {
                 format!(

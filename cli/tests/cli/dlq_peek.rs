@@ -194,3 +194,55 @@ async fn peeking_at_a_queue_that_is_not_there_exits_65() {
         "{peek}"
     );
 }
+
+#[tokio::test]
+async fn a_forged_reason_reaches_the_terminal_escaped() {
+    let q = unique("peek.forged");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = Cleanup::queues(vec![dlq.clone()]);
+    let mut broker = Broker::new().await;
+    broker.declare(&dlq, table(vec![])).await;
+    // A publisher's own headers: acemq's reason, and an x-death whose
+    // reason the broker never wrote.
+    broker
+        .publish(
+            &dlq,
+            b"{}",
+            dead_lettered(&q, "\x1b[2J\nERROR forged line", 1, "m1"),
+        )
+        .await;
+    let death = AMQPValue::FieldArray(
+        vec![AMQPValue::FieldTable(table(vec![
+            ("reason", long_str("\x1b]0;owned\x07\r\nERROR forged too")),
+            ("queue", long_str(&q)),
+            ("exchange", long_str("")),
+        ]))]
+        .into(),
+    );
+    broker
+        .publish(
+            &dlq,
+            b"{}",
+            BasicProperties::default()
+                .with_message_id("m2".into())
+                .with_headers(table(vec![("x-death", death)])),
+        )
+        .await;
+    assert!(broker.wait_ready(&dlq, 2, Duration::from_secs(5)).await);
+
+    let peek = acemq(&["dlq", "peek", &q]).await;
+    assert_eq!(peek.code, Some(0), "{peek}");
+    assert!(!peek.stdout.contains('\x1b'), "a raw ESC: {peek}");
+    assert!(!peek.stdout.contains('\x07'), "a raw BEL: {peek}");
+    assert!(!peek.stdout.contains('\r'), "a raw CR: {peek}");
+    assert!(
+        !peek.stdout.lines().any(|l| l.starts_with("ERROR forged")),
+        "a forged line: {peek}"
+    );
+    for part in [
+        "reason    \\u{1b}[2J\\nERROR forged line, after 1 attempt",
+        "reason    none (the broker dead-lettered it: \\u{1b}]0;owned\\u{7}\\r\\nERROR forged too)",
+    ] {
+        assert!(peek.stdout.contains(part), "{part:?} in\n{peek}");
+    }
+}

@@ -235,8 +235,8 @@ async fn publish<P: Publish, C>(
                 dlq = %dlq,
                 reason = %decision.reason,
                 attempts = decision.attempts,
-                "delivery dead-lettered: {}",
-                decision.error
+                error = decision.error.as_str(),
+                "delivery dead-lettered"
             );
         }
         Err(e) => {
@@ -245,10 +245,10 @@ async fn publish<P: Publish, C>(
                 dlq = %dlq,
                 reason = %decision.reason,
                 attempts = decision.attempts,
+                error = decision.error.as_str(),
                 "could not publish to the dead-letter queue ({e}); rejecting the delivery, so the \
-                 queue's own dead-letter exchange takes it and the reason ({}) is lost: {}",
-                decision.reason,
-                decision.error
+                 queue's own dead-letter exchange takes it and the reason ({}) is lost",
+                decision.reason
             );
         }
     }

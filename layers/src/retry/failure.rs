@@ -50,12 +50,12 @@ where
 
         if config.draining.is_cancelled() {
             // No in-process wait once the drain has begun.
-            return Ok(leave_for_drain(&config, &delivery, next).await);
+            return Ok(leave_for_drain(&config, &delivery, next, &*error).await);
         }
 
         let rung_missing = if next.broker {
             match publish_to_rung(&config, &delivery, &next.rung, next.number).await {
-                Ok(()) => return Ok(scheduled_on_rung(&delivery, next)),
+                Ok(()) => return Ok(scheduled_on_rung(&delivery, next, &*error)),
                 Err(e) => {
                     rung_refused(&config, &delivery, attempt, &next.rung, e);
                     take_permit_back(&config, &delivery).await;
@@ -80,7 +80,7 @@ where
                 );
                 return Ok(Decision::HandBack);
             }
-            return Ok(leave_for_drain(&config, &delivery, next).await);
+            return Ok(leave_for_drain(&config, &delivery, next, &*error).await);
         }
 
         delivery.set_attempt(next.number);
@@ -116,7 +116,8 @@ fn give_up<P, C: Classify>(
         queue = %delivery.queue(),
         attempt,
         %reason,
-        "delivery failed; not retrying: {error}"
+        error = display_chain(error, MAX_ERROR_LEN).as_str(),
+        "delivery failed; not retrying"
     );
     Some(dead_letter(reason, error, attempt))
 }
@@ -196,7 +197,8 @@ fn schedule_in_process<P, C>(
         attempt,
         next = next.number,
         ?wait,
-        "retry scheduled here (in process): {error}"
+        error = display_chain(error, MAX_ERROR_LEN).as_str(),
+        "retry scheduled here (in process)"
     );
     wait
 }
@@ -251,9 +253,10 @@ async fn leave_for_drain<P: Publish, C>(
     config: &Config<P, C>,
     delivery: &Delivery,
     next: NextAttempt,
+    error: &(dyn StdError + Send + Sync + 'static),
 ) -> Decision {
     match publish_to_rung(config, delivery, &next.rung, next.number).await {
-        Ok(()) => scheduled_on_rung(delivery, next),
+        Ok(()) => scheduled_on_rung(delivery, next, error),
         Err(PublishError::Unroutable { .. }) => {
             if next.broker {
                 report_missing_rung(config, delivery, &next.rung);
@@ -306,7 +309,11 @@ async fn publish_to_rung<P: Publish, C>(
         .await
 }
 
-fn scheduled_on_rung(delivery: &Delivery, next: NextAttempt) -> Decision {
+fn scheduled_on_rung(
+    delivery: &Delivery,
+    next: NextAttempt,
+    error: &(dyn StdError + Send + Sync + 'static),
+) -> Decision {
     let NextAttempt {
         number: next,
         delay,
@@ -324,6 +331,7 @@ fn scheduled_on_rung(delivery: &Delivery, next: NextAttempt) -> Decision {
         message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
         next,
         rung = %rung,
+        error = display_chain(error, MAX_ERROR_LEN).as_str(),
         "retry scheduled on its rung in the broker"
     );
     Decision::Retry(RetryDecision {
