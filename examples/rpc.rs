@@ -6,7 +6,7 @@
 //! ```
 //!
 //! The server upper-cases each request's body and replies before the
-//! request is acknowledged ([`acemq::rpc::Responder`]); the client is
+//! request is acknowledged (`App::serve`, an [`acemq::rpc::Responder`]); the client is
 //! [`acemq::rpc::RpcClient`], a `tower::Service`, called through
 //! `tower::ServiceExt` with a 5 s deadline per call. A call that fails
 //! prints its typed error: a request the server dead-letters ends at once
@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use acemq::config::QueueConfig;
 use acemq::connection::amqp_addr_from_env;
-use acemq::rpc::{Responder, RpcClient, RpcRequest};
+use acemq::rpc::{RpcClient, RpcRequest};
 use acemq::{App, BoxError, Config, Delivery};
 use futures::StreamExt;
 use tower::{service_fn, Service, ServiceExt};
@@ -82,10 +82,9 @@ async fn serve() -> ExitCode {
     let app = App::new(Config::new([queue]));
     let upper =
         service_fn(|d: Delivery| async move { Ok::<_, BoxError>(d.body().to_ascii_uppercase()) });
-    let publisher = app.publisher();
-    app.consume(QUEUE, Responder::new(publisher, upper))
-        .run()
-        .await
+    // `serve`: a `Responder` around the handler, and the queue marked as
+    // serving requests (a dead-lettered request gets an error reply).
+    app.serve(QUEUE, upper).run().await
 }
 
 async fn call(n: usize) -> ExitCode {

@@ -421,7 +421,8 @@ where
         .layer(DeadLetterRetryLayer::new(
             DeadLetterLayer::new(parts.publisher.clone())
                 .classifier(stack.classifier.clone())
-                .enabled(q.dead_letter),
+                .enabled(q.dead_letter)
+                .replies(q.error_replies()),
             {
                 let limit = acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries);
                 // Only a quorum queue's broker counts redeliveries: on a

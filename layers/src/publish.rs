@@ -64,8 +64,10 @@ impl Outgoing<'_> {
 }
 
 /// The error reply owed to the caller of a request that is being
-/// dead-lettered: the request carried `reply_to` and a `correlation_id`, so
-/// someone waits for an answer that will not come. The dead-letter layer
+/// dead-lettered: the request carried `reply_to` and a `correlation_id` on
+/// a queue that serves requests
+/// ([`ErrorReplies`](crate::dead_letter::ErrorReplies)), so someone waits
+/// for an answer that will not come. The dead-letter layer
 /// hands it to [`Publish::reply_error`] once the request's fate is settled
 /// (after the copy to the dead-letter queue, before the request is
 /// acknowledged).
@@ -80,6 +82,11 @@ pub struct ErrorReply<'a> {
     pub delivery: &'a Delivery,
     /// Why it is dead-lettered, the last error, how many attempts.
     pub decision: &'a DeadLetterDecision,
+    /// Whether the reply may carry the error's text (the queue opted in,
+    /// [`ErrorReplies::error_text`](crate::dead_letter::ErrorReplies::error_text));
+    /// otherwise only the reason and a generic text. `false` from
+    /// [`ErrorReply::of`].
+    pub error_text: bool,
 }
 
 impl<'a> ErrorReply<'a> {
@@ -94,6 +101,7 @@ impl<'a> ErrorReply<'a> {
             correlation_id,
             delivery,
             decision,
+            error_text: false,
         })
     }
 }

@@ -6,8 +6,8 @@ use std::future::{ready, Ready};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use acemq_layers::dead_letter::{
-    ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER, ERROR_HEADER, MAX_ERROR_LEN, QUEUE_HEADER,
-    REASON_HEADER,
+    ErrorReplies, ATTEMPTS_HEADER, DEAD_LETTERED_AT_HEADER, ERROR_HEADER, MAX_ERROR_LEN,
+    QUEUE_HEADER, REASON_HEADER,
 };
 use acemq_layers::{
     BoxError, DeadLetterDecision, DeadLetterLayer, Decision, Delivery, HandlerPanic, Headers,
@@ -366,6 +366,7 @@ fn request(reply_to: &str, id: Option<&str>) -> Delivery {
 async fn a_dead_lettered_request_gets_one_error_reply_after_its_copy_is_in_the_dead_letter_queue() {
     let broker = FakePublisher::default();
     let svc = DeadLetterLayer::new(broker.clone())
+        .replies(ErrorReplies::serving().error_text(true))
         .layer(answering(|| Err(Reject::new("not an order").into())));
     let decision = svc
         .oneshot(request("amq.rabbitmq.reply-to.abc", Some("c-7")))
@@ -392,9 +393,11 @@ async fn a_dead_lettered_request_gets_one_error_reply_after_its_copy_is_in_the_d
 async fn a_delivery_without_reply_to_or_correlation_id_gets_no_reply_and_a_request_that_succeeds_none_either(
 ) {
     let broker = FakePublisher::default();
-    let failing = DeadLetterLayer::new(broker.clone()).layer(answering(|| {
-        Ok(unpublished(Reason::MaxAttempts, "down", 3))
-    }));
+    let failing = DeadLetterLayer::new(broker.clone())
+        .replies(ErrorReplies::serving().also_to(["replies"]))
+        .layer(answering(|| {
+            Ok(unpublished(Reason::MaxAttempts, "down", 3))
+        }));
     failing.clone().oneshot(delivery()).await.unwrap();
     failing
         .clone()
@@ -402,12 +405,15 @@ async fn a_delivery_without_reply_to_or_correlation_id_gets_no_reply_and_a_reque
         .await
         .unwrap();
     failing.oneshot(request("replies", None)).await.unwrap();
-    let succeeding = DeadLetterLayer::new(broker.clone()).layer(answering(|| Ok(Decision::Ack)));
+    let succeeding = DeadLetterLayer::new(broker.clone())
+        .replies(ErrorReplies::serving().also_to(["replies"]))
+        .layer(answering(|| Ok(Decision::Ack)));
     succeeding
         .oneshot(request("replies", Some("c-2")))
         .await
         .unwrap();
     assert!(broker.replies().is_empty(), "{:?}", broker.replies());
+    // The copies of the enabled layers only.
     assert_eq!(broker.attempted(), ["orders.dlq"; 3]);
 }
 
@@ -416,6 +422,7 @@ async fn a_disabled_layer_still_replies_to_a_dead_lettered_request_and_publishes
     let broker = FakePublisher::default();
     let svc = DeadLetterLayer::new(broker.clone())
         .enabled(false)
+        .replies(ErrorReplies::serving().also_to(["replies"]))
         .layer(answering(|| {
             Ok(unpublished(Reason::MaxAttempts, "down", 3))
         }));
@@ -423,4 +430,36 @@ async fn a_disabled_layer_still_replies_to_a_dead_lettered_request_and_publishes
     assert_eq!(decision, unpublished(Reason::MaxAttempts, "down", 3));
     assert_eq!(broker.attempted(), ["reply:replies"]);
     assert_eq!(broker.replies()[0].2, "max-attempts");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_gets_no_error_reply_from_a_queue_that_serves_none_nor_to_an_address_not_allowed()
+{
+    let broker = FakePublisher::default();
+    let rejecting = || answering(|| Ok(unpublished(Reason::Rejected, "not an order", 1)));
+    // The default: the queue serves no requests.
+    for enabled in [true, false] {
+        DeadLetterLayer::new(broker.clone())
+            .enabled(enabled)
+            .layer(rejecting())
+            .oneshot(request("victim.queue", Some("c-1")))
+            .await
+            .unwrap();
+        DeadLetterLayer::new(broker.clone())
+            .enabled(enabled)
+            .layer(rejecting())
+            .oneshot(request("amq.rabbitmq.reply-to.abc", Some("c-2")))
+            .await
+            .unwrap();
+    }
+    // A queue that serves requests: not to an address it does not name.
+    DeadLetterLayer::new(broker.clone())
+        .replies(ErrorReplies::serving())
+        .layer(rejecting())
+        .oneshot(request("victim.queue", Some("c-3")))
+        .await
+        .unwrap();
+    assert!(broker.replies().is_empty(), "{:?}", broker.replies());
+    // The copies of the enabled layers only.
+    assert_eq!(broker.attempted(), ["orders.dlq"; 3]);
 }

@@ -10,7 +10,7 @@ use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_layers::dead_letter::DEAD_LETTERED_AT_HEADER;
+use acemq_layers::dead_letter::{ErrorReplies, DEAD_LETTERED_AT_HEADER};
 use acemq_layers::headers::DELIVERY_COUNT_HEADER;
 use acemq_layers::redelivery::ConsumerTimeoutStrikes;
 use acemq_layers::{
@@ -183,7 +183,8 @@ fn layers(
     (
         DeadLetterLayer::new(publisher.clone())
             .classifier(classify as Classifier)
-            .enabled(s.dead_letter),
+            .enabled(s.dead_letter)
+            .replies(ErrorReplies::serving().also_to(["caller"])),
         RedeliveryLimitLayer::new(3),
         RetryLayer::new(policy, publisher.clone(), draining).classifier(classify as Classifier),
     )

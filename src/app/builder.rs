@@ -223,6 +223,30 @@ impl App {
         self.consume_with(queue, QueueStack::new(), handler)
     }
 
+    /// Serves requests on `queue` (named in the config): consumes it with a
+    /// [`Responder`](crate::rpc::Responder) around `handler` on this app's
+    /// publisher, and marks the queue as serving requests (its
+    /// `serves_requests`), so a request that is dead-lettered gets an error
+    /// reply — to a direct reply-to address or one of the queue's
+    /// `reply_addresses` only, with a generic text unless the queue sets
+    /// `reply_error_text: true`. See [`crate::rpc`].
+    ///
+    /// `consume(queue, Responder::new(..))` replies to the requests it
+    /// handles too, but sends error replies only if the config sets
+    /// `serves_requests: true` for the queue.
+    pub fn serve<S>(mut self, queue: &str, handler: S) -> Self
+    where
+        S: Service<Delivery, Error = BoxError> + Clone + Send + 'static,
+        S::Response: Into<Vec<u8>>,
+        S::Future: Send + 'static,
+    {
+        if let Some(q) = self.config.queues.iter_mut().find(|q| q.name == queue) {
+            q.serves_requests = true;
+        }
+        let responder = crate::rpc::Responder::new(self.publisher(), handler);
+        self.consume(queue, responder)
+    }
+
     /// As [`consume`](Self::consume), with your own layers outside the
     /// acemq stack and around the handler, and the queue's own classifier
     /// and retry policy: see [`QueueStack`] and the [`stack`](crate::stack)

@@ -162,6 +162,23 @@ pub struct QueueConfig {
     /// [`CircuitBreakerConfig`](super::CircuitBreakerConfig).
     #[serde(default)]
     pub circuit_breaker: Option<super::CircuitBreakerConfig>,
+
+    // -- error replies: see `acemq_layers::dead_letter::ErrorReplies` --
+    /// The queue serves requests (default false): a dead-lettered delivery
+    /// carrying `reply_to` and `correlation_id` gets an error reply, to a
+    /// direct reply-to address (`amq.rabbitmq.reply-to.*`) or one of
+    /// `reply_addresses` only. [`App::serve`](crate::App::serve) sets it in
+    /// code. Off, no message's `reply_to` makes the service publish.
+    #[serde(default)]
+    pub serves_requests: bool,
+    /// Error replies carry the handler's error text (default false: only
+    /// the reason, `x-acemq-reason`, and a generic text).
+    #[serde(default)]
+    pub reply_error_text: bool,
+    /// Further addresses (queue names, through the default exchange) an
+    /// error reply may go to, besides direct reply-to ones (default none).
+    #[serde(default)]
+    pub reply_addresses: Vec<String>,
 }
 
 impl QueueConfig {
@@ -189,7 +206,22 @@ impl QueueConfig {
             ordered_by: None,
             consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
             circuit_breaker: None,
+            serves_requests: false,
+            reply_error_text: false,
+            reply_addresses: Vec::new(),
         }
+    }
+
+    /// Which dead-lettered requests get an error reply: from
+    /// `serves_requests`, `reply_error_text` and `reply_addresses`.
+    pub fn error_replies(&self) -> acemq_layers::dead_letter::ErrorReplies {
+        use acemq_layers::dead_letter::ErrorReplies;
+        if !self.serves_requests {
+            return ErrorReplies::none();
+        }
+        ErrorReplies::serving()
+            .error_text(self.reply_error_text)
+            .also_to(self.reply_addresses.iter().cloned())
     }
 
     /// The default `consumer_timeout_strikes`: 2.
@@ -484,5 +516,24 @@ mod tests {
         assert!(q.rungs().is_empty());
         assert_eq!(q, &QueueConfig::new("plain"));
         assert!(!q.dead_letter);
+        assert!(!q.error_replies().is_serving());
+    }
+
+    #[test]
+    fn error_replies_are_read_from_the_queue_keys() {
+        let yaml = one_queue(
+            "{ name: rpc, serves_requests: true, reply_error_text: true, \
+             reply_addresses: [billing.replies] }",
+        );
+        let config = Config::from_yaml_str(&yaml).unwrap();
+        let replies = config.queues[0].error_replies();
+        assert!(replies.allows("amq.rabbitmq.reply-to.abc"));
+        assert!(replies.allows("billing.replies"));
+        assert!(!replies.allows("shop.orders"));
+        assert!(replies.with_error_text());
+        // Addresses without serves_requests send nothing.
+        let yaml = one_queue("{ name: q, reply_addresses: [billing.replies] }");
+        let config = Config::from_yaml_str(&yaml).unwrap();
+        assert!(!config.queues[0].error_replies().allows("billing.replies"));
     }
 }

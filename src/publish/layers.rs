@@ -50,32 +50,39 @@ impl Publish for Publisher {
     }
 }
 
+/// The text of an error reply from a queue that did not opt in to the
+/// handler's error text (`reply_error_text`).
+pub(crate) const GENERIC_ERROR_TEXT: &str = "the request could not be handled";
+
 /// Publishes the error reply of a request being dead-lettered, in the wire
 /// format of [rpc's docs](crate::rpc#error-replies): to `reply_to`
 /// through the default exchange with the request's `correlation_id`,
 /// confirmed, not mandatory; the reason and the error in headers, the
-/// error's text as the body.
+/// error's text as the body — or, unless the queue opted in to the error
+/// text (`reply_error_text`), [`GENERIC_ERROR_TEXT`] in its place and no
+/// queue name.
 async fn send_error_reply(
     publisher: &Publisher,
     reply: ErrorReply<'_>,
 ) -> Result<(), PublishError> {
     let decision = reply.decision;
+    let text = if reply.error_text {
+        decision.error.as_str()
+    } else {
+        GENERIC_ERROR_TEXT
+    };
     let mut headers = Headers::new();
     headers.insert(REASON_HEADER, decision.reason.as_str());
-    headers.insert(ERROR_HEADER, decision.error.as_str());
+    headers.insert(ERROR_HEADER, text);
     headers.insert(ATTEMPTS_HEADER, Value::I64(decision.attempts.into()));
-    headers.insert(QUEUE_HEADER, reply.delivery.queue());
+    if reply.error_text {
+        headers.insert(QUEUE_HEADER, reply.delivery.queue());
+    }
     let mut properties = Properties::default();
     properties.correlation_id = Some(reply.correlation_id.to_owned());
     properties.content_type = Some("text/plain; charset=utf-8".to_owned());
     let properties = properties_to_lapin(&properties, &headers);
     publisher
-        .send_with(
-            "",
-            reply.reply_to,
-            decision.error.as_bytes(),
-            properties,
-            false,
-        )
+        .send_with("", reply.reply_to, text.as_bytes(), properties, false)
         .await
 }

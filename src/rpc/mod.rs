@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use acemq::rpc::{Reply, Responder, RpcRequest};
+//! use acemq::rpc::{Reply, RpcRequest};
 //! use acemq::{App, Config, Delivery};
 //! use tower::{service_fn, Service, ServiceExt};
 //!
@@ -20,9 +20,9 @@
 //! let upper = service_fn(|d: Delivery| async move {
 //!     Ok::<_, acemq::BoxError>(d.body().to_ascii_uppercase())
 //! });
-//! let publisher = app.publisher();
 //! let client = app.rpc_client();
-//! let app = app.consume("shop.orders", Responder::new(publisher, upper));
+//! // A `Responder` around `upper`, the queue marked as serving requests.
+//! let app = app.serve("shop.orders", upper);
 //! // The client (in this process or another): one call, 5 s deadline.
 //! let mut client = client;
 //! let reply: Reply = client
@@ -61,7 +61,10 @@
 //!
 //! # What the server does
 //!
-//! [`Responder`] calls your service; on success it publishes the reply to
+//! [`App::serve`](crate::App::serve)`(queue, service)` consumes the queue
+//! with a [`Responder`] around your service and marks it as serving
+//! requests (its `serves_requests`). [`Responder`] calls your service; on
+//! success it publishes the reply to
 //! the request's `reply_to` with its `correlation_id`, confirmed but **not
 //! mandatory** (the broker returns a mandatory publish to a direct reply-to
 //! address as unroutable), and only then lets the request be acknowledged.
@@ -79,11 +82,26 @@
 //! out its deadline for a message that is gone: the call ends with
 //! [`RpcError::Rejected`] as soon as the request is in the dead-letter
 //! queue. The dead-letter layer sends it (after the confirmed copy to
-//! `{queue}.dlq`, before the request is acknowledged), for any handler, not
-//! only a [`Responder`]; a queue with `dead_letter: false` sends it too
-//! before the request is rejected. Only a delivery with a non-empty
-//! `reply_to` and a `correlation_id` gets one, and it costs nothing on any
-//! other path. A request gets one reply at most: a successful reply ends
+//! `{queue}.dlq`, before the request is acknowledged); a queue with
+//! `dead_letter: false` sends it too before the request is rejected. Only a
+//! delivery with a non-empty `reply_to` and a `correlation_id` gets one,
+//! and it costs nothing on any other path.
+//!
+//! A message's `reply_to` is the publisher's to choose, so error replies go
+//! only where they belong (see
+//! [`ErrorReplies`](acemq_layers::dead_letter::ErrorReplies)):
+//! - only from a queue that serves requests: one given to
+//!   [`App::serve`](crate::App::serve), or with `serves_requests: true` in
+//!   the config (for any handler, a `Responder` under `consume` included);
+//!   every other queue sends none, whatever a message's `reply_to` says;
+//! - only to a direct reply-to address (`amq.rabbitmq.reply-to.*`, what the
+//!   broker makes of [`RpcClient`]'s) or one of the queue's
+//!   `reply_addresses`;
+//! - with the reason and a generic text (`the request could not be
+//!   handled`) unless the queue sets `reply_error_text: true`: then the
+//!   handler's error text and the queue's name too.
+//!
+//! A request gets one reply at most: a successful reply ends
 //! its handling, and a dead-lettered request is not handled again. (If the
 //! process dies between the reply and the acknowledgement, the request comes
 //! back and may be answered again; the caller has already had its answer
@@ -97,10 +115,10 @@
 //! | exchange, routing key | `""`, the request's `reply_to`; not mandatory, confirmed |
 //! | `correlation_id` | the request's |
 //! | header `x-acemq-reason` | why, as in the dead-letter queue: `max-attempts`, `rejected`, `panic`, `timeout`, `redelivered`, `transaction-ended`, `consumer-timeout`, `malformed-headers` (more may come: treat an unknown one as an error too) |
-//! | header `x-acemq-error` | the last error's display chain, at most 4 KiB |
+//! | header `x-acemq-error` | the last error's display chain, at most 4 KiB, with `reply_error_text: true`; otherwise `the request could not be handled` |
 //! | header `x-acemq-attempts` | how many attempts were made (integer) |
-//! | header `x-acemq-queue` | the queue the request was consumed from |
-//! | `content_type`, body | `text/plain; charset=utf-8`, the error text (as `x-acemq-error`) |
+//! | header `x-acemq-queue` | the queue the request was consumed from (with `reply_error_text: true` only) |
+//! | `content_type`, body | `text/plain; charset=utf-8`, the text of `x-acemq-error` |
 //!
 //! **A reply carrying the `x-acemq-reason` header is an error reply**; a
 //! normal reply never carries it. [`RpcClient`] turns an error reply into

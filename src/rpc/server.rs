@@ -19,6 +19,11 @@ use crate::publisher::Publisher;
 /// nothing is published. An error is returned as is (retries and
 /// dead-lettering apply) and publishes nothing. See [`crate::rpc`].
 ///
+/// [`App::serve`](crate::App::serve) consumes a queue with one and marks
+/// the queue as serving requests, so its dead-lettered requests get error
+/// replies; under plain `consume` they get none unless the config sets
+/// `serves_requests: true`.
+///
 /// Example: the [module docs](crate::rpc); runnable: `examples/rpc.rs`.
 #[derive(Clone, Debug)]
 pub struct Responder<S> {

@@ -253,13 +253,23 @@ async fn calls_in_flight_when_the_connection_is_closed_each_end_with_a_reply_or_
         .await;
 }
 
-/// An app serving `queue` on `config` with a [`Responder`] whose handler
+/// An app serving `queue` on `config` ([`App::serve`]) whose handler
 /// does what the body asks: `reject` fails permanently, `fail` fails every
 /// time (transient), anything else is upper-cased. Attempts are counted.
+/// The queue opts in to the error text in its error replies.
 async fn serve_failing(queue: &str, config: acemq::Config) -> (acemq::Running, Arc<AtomicUsize>) {
+    let mut config = config;
+    config.queues[0].reply_error_text = true;
+    serve_failing_as_configured(queue, config).await
+}
+
+/// [`serve_failing`] with the config as it is.
+async fn serve_failing_as_configured(
+    queue: &str,
+    config: acemq::Config,
+) -> (acemq::Running, Arc<AtomicUsize>) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let app = App::new(config);
-    let publisher = app.publisher();
     let count = attempts.clone();
     let handler = service_fn(move |d: Delivery| {
         count.fetch_add(1, Ordering::SeqCst);
@@ -272,7 +282,7 @@ async fn serve_failing(queue: &str, config: acemq::Config) -> (acemq::Running, A
         }
     });
     let running = app
-        .consume(queue, Responder::new(publisher, handler))
+        .serve(queue, handler)
         .start()
         .await
         .expect("the server starts");
@@ -453,4 +463,121 @@ async fn a_client_without_confirms_gets_its_replies_and_an_unroutable_call_ends_
         .await
         .delete(&support::all_queues(&queue))
         .await;
+}
+
+#[tokio::test]
+async fn an_error_reply_says_only_why_unless_the_queue_opts_in_to_the_error_text() {
+    let queue = unique("rpc-generic");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (running, _) = serve_failing_as_configured(&queue, support::plain_config(&queue)).await;
+    let (_conn, client) = client(&unique("rpc-client")).await;
+    let (e, _) = call_expecting_error(&client, &queue, b"reject").await;
+    let RpcError::Rejected { reason, detail, .. } = &e else {
+        panic!("not a rejection: {e:?}");
+    };
+    assert_eq!(reason, "rejected");
+    assert_eq!(detail, "the request could not be handled");
+    running.drain().await.expect("clean drain");
+}
+
+/// Publishes a request-looking message to `queue` whose `reply_to` is
+/// `victim` and whose body the handlers here reject.
+async fn publish_with_reply_to(broker: &mut Broker, queue: &str, victim: &str) {
+    let props = lapin::BasicProperties::default()
+        .with_reply_to(victim.into())
+        .with_correlation_id("c-1".into())
+        .with_message_id("m-1".into());
+    broker.publish_props(queue, b"reject", props).await;
+}
+
+#[tokio::test]
+async fn a_failing_message_with_reply_to_publishes_nothing_there_unless_its_queue_serves_requests_and_allows_the_address(
+) {
+    let plain = unique("rpc-plain");
+    let serving = unique("rpc-serving");
+    let victim = unique("rpc-victim");
+    let mut queues = support::all_queues(&plain);
+    queues.extend(support::all_queues(&serving));
+    queues.push(victim.clone());
+    let _cleanup = QueueCleanup::new(queues.clone());
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&victim, FieldTable::default())
+        .await
+        .expect("the victim queue");
+
+    // A plain queue (dead-lettering on), a handler that rejects.
+    let mut config = support::plain_config(&plain);
+    config.queues[0].dead_letter = true;
+    let rejecting = service_fn(|_: Delivery| async move {
+        Err::<(), BoxError>(Reject::new("secret: the card 4111 was declined").into())
+    });
+    let app = App::new(config)
+        .consume(&plain, rejecting)
+        .start()
+        .await
+        .expect("starts");
+    publish_with_reply_to(&mut broker, &plain, &victim).await;
+    assert!(
+        broker
+            .wait_ready(&format!("{plain}.dlq"), 1, Duration::from_secs(10))
+            .await,
+        "the message is dead-lettered"
+    );
+    app.drain().await.expect("clean drain");
+
+    // A queue serving requests, the address neither direct reply-to nor
+    // named in its config.
+    let mut config = support::plain_config(&serving);
+    config.queues[0].dead_letter = true;
+    let (running, attempts) = serve_failing(&serving, config).await;
+    publish_with_reply_to(&mut broker, &serving, &victim).await;
+    assert!(
+        broker
+            .wait_ready(&format!("{serving}.dlq"), 1, Duration::from_secs(10))
+            .await,
+        "the request is dead-lettered"
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    running.drain().await.expect("clean drain");
+
+    assert_eq!(
+        broker.ready(&victim).await,
+        Some(0),
+        "nothing was published to the reply_to address"
+    );
+    broker.delete(&queues).await;
+}
+
+#[tokio::test]
+async fn a_serving_queue_replies_to_an_address_its_config_names() {
+    let queue = unique("rpc-named");
+    let replies = unique("rpc-named-replies");
+    let mut queues = support::all_queues(&queue);
+    queues.push(replies.clone());
+    let _cleanup = QueueCleanup::new(queues.clone());
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&replies, FieldTable::default())
+        .await
+        .expect("the replies queue");
+    let mut config = support::plain_config(&queue);
+    config.queues[0].reply_addresses = vec![replies.clone()];
+    let (running, _) = serve_failing_as_configured(&queue, config).await;
+    publish_with_reply_to(&mut broker, &queue, &replies).await;
+    let reply = broker
+        .get_within(&replies, Duration::from_secs(10))
+        .await
+        .expect("the error reply");
+    let headers = support::message_headers(&reply.delivery.properties);
+    assert_eq!(
+        headers.get("x-acemq-reason").and_then(|v| v.as_str()),
+        Some("rejected")
+    );
+    assert_eq!(
+        &reply.delivery.data[..],
+        b"the request could not be handled"
+    );
+    running.drain().await.expect("clean drain");
+    broker.delete(&queues).await;
 }

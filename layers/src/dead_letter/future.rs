@@ -128,7 +128,7 @@ pub(crate) fn act<P: Publish, C: Classify>(
         // caller still hears why.
         return match result {
             Ok(Decision::DeadLetter(d))
-                if !d.published && delivery.properties().reply_to.is_some() =>
+                if !d.published && super::service::owed_reply(&config.replies, &delivery) =>
             {
                 Act::Publish(Box::pin(reply_only(delivery, config.clone(), d)))
             }
@@ -252,7 +252,7 @@ async fn publish<P: Publish, C>(
             );
         }
     }
-    reply(&delivery, &config.publisher, &decision).await;
+    reply(&delivery, &config, &decision).await;
     Decision::DeadLetter(decision)
 }
 
@@ -264,20 +264,29 @@ async fn reply_only<P: Publish, C>(
 ) -> Decision {
     if !delivery.is_orphaned() {
         truncate(&mut decision.error, MAX_ERROR_LEN);
-        reply(&delivery, &config.publisher, &decision).await;
+        reply(&delivery, &config, &decision).await;
     }
     Decision::DeadLetter(decision)
 }
 
 /// Sends the error reply if the delivery is a request (it carries
-/// `reply_to` and a `correlation_id`); a failure is logged, never the
-/// delivery's: the request is settled as decided either way.
-async fn reply<P: Publish>(delivery: &Delivery, publisher: &P, decision: &DeadLetterDecision) {
-    let Some(reply) = ErrorReply::of(delivery, decision) else {
+/// `reply_to` and a `correlation_id`) on a queue that serves requests, to
+/// an address the queue allows; a failure is logged, never the delivery's:
+/// the request is settled as decided either way.
+async fn reply<P: Publish, C>(
+    delivery: &Delivery,
+    config: &Config<P, C>,
+    decision: &DeadLetterDecision,
+) {
+    if !super::service::owed_reply(&config.replies, delivery) {
+        return;
+    }
+    let Some(mut reply) = ErrorReply::of(delivery, decision) else {
         return;
     };
+    reply.error_text = config.replies.with_error_text();
     let reply_to = reply.reply_to;
-    if let Err(e) = publisher.reply_error(reply).await {
+    if let Err(e) = config.publisher.reply_error(reply).await {
         tracing::warn!(
             queue = %delivery.queue(),
             reply_to,

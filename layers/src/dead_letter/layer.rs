@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use tower::Layer;
 
+use super::replies::ErrorReplies;
 use super::service::DeadLetter;
 use crate::error::{Classify, DefaultClassifier};
 use crate::publish::Publish;
@@ -15,6 +16,7 @@ pub struct DeadLetterLayer<P, C = DefaultClassifier> {
     publisher: P,
     classifier: Arc<C>,
     enabled: bool,
+    replies: ErrorReplies,
 }
 
 impl<P> DeadLetterLayer<P> {
@@ -25,6 +27,7 @@ impl<P> DeadLetterLayer<P> {
             publisher,
             classifier: Arc::new(DefaultClassifier),
             enabled: true,
+            replies: ErrorReplies::none(),
         }
     }
 }
@@ -37,6 +40,7 @@ impl<P, C> DeadLetterLayer<P, C> {
             publisher: self.publisher,
             classifier: Arc::new(classifier),
             enabled: self.enabled,
+            replies: self.replies,
         }
     }
 
@@ -53,6 +57,14 @@ impl<P, C> DeadLetterLayer<P, C> {
         self.enabled
     }
 
+    /// Which dead-lettered requests get an error reply (default
+    /// [`ErrorReplies::none`]): see [`ErrorReplies`]. Applies enabled or
+    /// not.
+    pub fn replies(mut self, replies: ErrorReplies) -> Self {
+        self.replies = replies;
+        self
+    }
+
     /// What its services share.
     pub(crate) fn config(&self) -> super::Config<P, C>
     where
@@ -61,6 +73,7 @@ impl<P, C> DeadLetterLayer<P, C> {
         super::Config {
             publisher: self.publisher.clone(),
             classifier: self.classifier.clone(),
+            replies: self.replies.clone(),
         }
     }
 }
@@ -74,6 +87,7 @@ impl<S, P: Publish, C: Classify> Layer<S> for DeadLetterLayer<P, C> {
             self.publisher.clone(),
             self.classifier.clone(),
             self.enabled,
+            self.replies.clone(),
         )
     }
 }
@@ -84,6 +98,7 @@ impl<P: Clone, C> Clone for DeadLetterLayer<P, C> {
             publisher: self.publisher.clone(),
             classifier: self.classifier.clone(),
             enabled: self.enabled,
+            replies: self.replies.clone(),
         }
     }
 }
@@ -94,6 +109,7 @@ impl<P, C> fmt::Debug for DeadLetterLayer<P, C> {
             .field("publisher", &std::any::type_name::<P>())
             .field("classifier", &std::any::type_name::<C>())
             .field("enabled", &self.enabled)
+            .field("replies", &self.replies)
             .finish()
     }
 }

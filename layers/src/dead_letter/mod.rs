@@ -30,7 +30,9 @@
 //! exchange takes it (without the reason headers).
 //!
 //! A delivery that is a request — it carries a non-empty `reply_to` and a
-//! `correlation_id` — has a caller waiting for its answer. Once the copy is
+//! `correlation_id`, on a queue that serves requests
+//! ([`DeadLetterLayer::replies`], [`ErrorReplies`]) and to an address that
+//! queue allows — has a caller waiting for its answer. Once the copy is
 //! in the dead-letter queue (or could not be put there), and before the
 //! decision is returned (so before the request is acknowledged or
 //! rejected), the layer sends that caller an error reply through
@@ -38,7 +40,9 @@
 //! out its deadline for a message that is gone. Sending it is the only
 //! extra work, and only for a request that is dead-lettered; a failure to
 //! send it is logged and changes nothing else. The reply's wire format is
-//! `acemq::rpc`'s.
+//! `acemq::rpc`'s. By default a layer serves no requests and sends no
+//! reply: a message's `reply_to` is the publisher's to choose, and must not
+//! make the service publish wherever it says.
 //!
 //! Every other decision passes through untouched, without allocation. A
 //! disabled layer ([`DeadLetterLayer::enabled`]`(false)`, for a queue with
@@ -105,9 +109,11 @@
 
 pub mod future;
 mod layer;
+mod replies;
 mod service;
 
 pub use layer::DeadLetterLayer;
+pub use replies::{ErrorReplies, DIRECT_REPLY_TO_PREFIX};
 pub use service::DeadLetter;
 
 pub(crate) use future::{act, Act};

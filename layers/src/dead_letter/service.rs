@@ -6,6 +6,7 @@ use tower::Service;
 
 use super::future::{Pending, ResponseFuture};
 use super::layer::DeadLetterLayer;
+use super::replies::ErrorReplies;
 use crate::decision::Decision;
 use crate::delivery::Delivery;
 use crate::error::{BoxError, Classify, DefaultClassifier};
@@ -25,12 +26,19 @@ pub struct DeadLetter<S, P, C = DefaultClassifier> {
 pub(crate) struct Config<P, C> {
     pub(crate) publisher: P,
     pub(crate) classifier: Arc<C>,
+    pub(crate) replies: ErrorReplies,
 }
 
 impl<S, P: Publish> DeadLetter<S, P> {
     /// Wraps `inner`, enabled, with the default classifier.
     pub fn new(inner: S, publisher: P) -> Self {
-        DeadLetter::from_parts(inner, publisher, Arc::new(DefaultClassifier), true)
+        DeadLetter::from_parts(
+            inner,
+            publisher,
+            Arc::new(DefaultClassifier),
+            true,
+            ErrorReplies::none(),
+        )
     }
 
     /// A [`DeadLetterLayer`]; the same as [`DeadLetterLayer::new`].
@@ -40,12 +48,19 @@ impl<S, P: Publish> DeadLetter<S, P> {
 }
 
 impl<S, P, C> DeadLetter<S, P, C> {
-    pub(crate) fn from_parts(inner: S, publisher: P, classifier: Arc<C>, enabled: bool) -> Self {
+    pub(crate) fn from_parts(
+        inner: S,
+        publisher: P,
+        classifier: Arc<C>,
+        enabled: bool,
+        replies: ErrorReplies,
+    ) -> Self {
         DeadLetter {
             inner,
             config: Arc::new(Config {
                 publisher,
                 classifier,
+                replies,
             }),
             enabled,
         }
@@ -84,13 +99,25 @@ where
     fn call(&mut self, delivery: Delivery) -> Self::Future {
         // Disabled, a delivery is kept only if it is a request whose caller
         // is owed an error reply should it be dead-lettered.
-        let pending = (self.enabled || delivery.properties().reply_to.is_some()).then(|| Pending {
-            delivery: delivery.clone(),
-            config: self.config.clone(),
-            copy: self.enabled,
-        });
+        let pending =
+            (self.enabled || owed_reply(&self.config.replies, &delivery)).then(|| Pending {
+                delivery: delivery.clone(),
+                config: self.config.clone(),
+                copy: self.enabled,
+            });
         ResponseFuture::new(self.inner.call(delivery), pending)
     }
+}
+
+/// Whether `delivery` is a request whose caller `replies` allows an error
+/// reply to.
+pub(crate) fn owed_reply(replies: &ErrorReplies, delivery: &Delivery) -> bool {
+    replies.is_serving()
+        && delivery
+            .properties()
+            .reply_to
+            .as_deref()
+            .is_some_and(|r| replies.allows(r))
 }
 
 impl<S: Clone, P, C> Clone for DeadLetter<S, P, C> {
