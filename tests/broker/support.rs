@@ -528,27 +528,7 @@ pub fn shop_binary() -> &'static std::path::PathBuf {
 
 /// Builds the example `name` beside the test binary and returns its path.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
-    // The test binary is <target>/<profile>/deps/broker-<hash>; the
-    // example goes to <target>/<profile>/examples/<name>.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("<target>/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("<target>");
-    let mut build = std::process::Command::new(env!("CARGO"));
-    build
-        .args(["build", "--example", name, "--target-dir"])
-        .arg(target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("cargo build --example runs");
-    assert!(status.success(), "cargo build --example {name} failed");
-    let bin = profile_dir.join("examples").join(name);
-    assert!(bin.exists(), "no {name} binary at {}", bin.display());
-    bin
+    crate::common::example_binary(name, &[])
 }
 
 /// A shop process: `shop --config FILE --no-seed --queue Q --http ADDR`,

@@ -42,3 +42,33 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Builds the example `name` (with `features`) beside the test binary, as
+/// the test binary was built (debug or release), and returns its path.
+pub fn example_binary(name: &str, features: &[&str]) -> std::path::PathBuf {
+    // The test binary is <target>/<profile>/deps/<test>-<hash>; the
+    // example goes to <target>/<profile>/examples/<name>.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("<target>/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("<target>");
+    let mut build = std::process::Command::new(env!("CARGO"));
+    build.args(["build", "--example", name]);
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
+    build
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("cargo build --example runs");
+    assert!(status.success(), "cargo build --example {name} failed");
+    let bin = profile_dir.join("examples").join(name);
+    assert!(bin.exists(), "no {name} binary at {}", bin.display());
+    bin
+}

@@ -35,25 +35,7 @@ const WORK_MS: u64 = 40;
 /// `<target>/<profile>/examples/shop`, built first (the test binary is
 /// `<target>/<profile>/deps/node-<hash>`).
 fn shop_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("<target>/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("<target>");
-    let mut build = std::process::Command::new(env!("CARGO"));
-    build
-        .args(["build", "--example", "shop", "--target-dir"])
-        .arg(target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("cargo build --example shop runs");
-    assert!(status.success(), "cargo build --example shop failed");
-    let shop = profile_dir.join("examples").join("shop");
-    assert!(shop.exists(), "no shop binary at {}", shop.display());
-    shop
+    crate::common::example_binary("shop", &[])
 }
 
 /// The shop on the node: `shop --config FILE --no-seed --queue Q --http

@@ -285,34 +285,7 @@ impl Drop for Broker {
 /// The `outbox` example binary, built once per test run.
 pub fn example_binary() -> &'static std::path::PathBuf {
     static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("<target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("<target>");
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args([
-                "build",
-                "--features",
-                "postgres",
-                "--example",
-                "outbox",
-                "--target-dir",
-            ])
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("cargo build --example outbox runs");
-        assert!(status.success(), "cargo build --example outbox failed");
-        let bin = profile_dir.join("examples").join("outbox");
-        assert!(bin.exists(), "no outbox binary at {}", bin.display());
-        bin
-    })
+    BIN.get_or_init(|| crate::common::example_binary("outbox", &["postgres"]))
 }
 
 /// A running `outbox` example.
