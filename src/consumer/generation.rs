@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 use super::handler::{start_handler, Finished, Handling, Released};
 use super::phase::Phase;
 use super::stats::{record, OutcomeCounters, QueueStats};
-use super::strikes::{Started, Timeout};
+use super::strikes::{Key, Started, Timeout};
 use super::struck::Struck;
 use crate::config::PrefetchPolicy;
 use crate::convert::delivery_taken_from_lapin;
@@ -63,6 +63,9 @@ pub(super) struct Generation<'a, S> {
     pub(super) buffer: VecDeque<(Delivery, Instant)>,
     /// Started and not finished: what an acknowledgement timeout strikes.
     pub(super) started: Started,
+    /// Started, still running, and taken back by the broker (tag, key):
+    /// released from the queue's `taken_back` as each ends.
+    pub(super) taken: Vec<(u64, u64)>,
     /// Cancelled when the drain stops intake.
     pub(super) intake: &'a CancellationToken,
     pub(super) ledger: Ledger,
@@ -157,8 +160,12 @@ where
                 .into(),
             );
         } else {
-            warn!(queue = %self.queue, "the broker cancelled this consumer (was the queue deleted, or, on RabbitMQ 4.3, an acknowledgement timed out?); consuming it again");
+            let running = self.started.len();
+            warn!(queue = %self.queue, running, "the broker cancelled this consumer (was the queue deleted, or, on RabbitMQ 4.3, an acknowledgement timed out?): its unsettled deliveries are the broker's again, so the {running} handler(s) still running are cancelled and their outcomes dropped; consuming it again");
             self.timed_out(Timeout::ConsumerCancelled);
+            if self.phase.lose() {
+                self.give_back();
+            }
             self.end(End::CancelledByBroker);
         }
     }
@@ -173,12 +180,27 @@ where
             self.timed_out(why);
         }
         self.lost_in_drain(&error);
-        self.started.clear();
+        let dropped = self.buffer.len();
+        self.give_back();
+        debug!(queue = %self.queue, dropped, error = %error, "generation lost: buffered deliveries dropped (the broker requeued them), running handlers cancelled");
+        self.end(End::Lost(error));
+    }
+
+    /// The broker has every unsettled delivery of this generation back (a
+    /// lost channel, a consumer it cancelled; the phase is lost): running
+    /// handlers are cancelled, their messages wait in the queue's
+    /// [`TakenBack`](super::taken::TakenBack) until they end, and nothing
+    /// buffered or decided is settled any more.
+    fn give_back(&mut self) {
+        for (tag, key) in self.started.take_all() {
+            let key = key.value();
+            self.stats.taken_back.hold(key);
+            self.taken.push((tag, key));
+        }
         self.lifeline.lose();
         // What is held goes back with the channel: not waited for.
         self.lifeline.hand_back_held();
         self.cancel.cancel();
-        let dropped = self.buffer.len();
         self.buffer.clear();
         self.ledger = Ledger::new(Bounds {
             count: 0,
@@ -186,8 +208,15 @@ where
             window: 0,
         });
         self.ops.clear();
-        debug!(queue = %self.queue, dropped, error = %error, "generation lost: buffered deliveries dropped (the broker requeued them), running handlers cancelled");
-        self.end(End::Lost(error));
+    }
+
+    /// A handler of a delivery taken back ended: its message may start
+    /// again in the queue's consuming generation.
+    fn release_taken(&mut self, tag: u64) {
+        if let Some(at) = self.taken.iter().position(|(t, _)| *t == tag) {
+            let (_, key) = self.taken.swap_remove(at);
+            self.stats.taken_back.release(key);
+        }
     }
 
     /// The broker timed out an acknowledgement: the suspects are struck
@@ -231,6 +260,9 @@ where
         now: tokio::time::Instant,
     ) {
         let key = self.started.remove(tag);
+        if key.is_none() {
+            self.release_taken(tag);
+        }
         if held {
             self.held_handed_back(tag);
             return;
@@ -305,6 +337,19 @@ where
         }
     }
 
+    /// Whether the next buffered delivery's message still runs in a
+    /// generation whose deliveries the broker took back: it waits until
+    /// that handler ends (the loop is woken then).
+    fn waits_for_taken_back(&self, cx: &Context<'_>) -> bool {
+        let taken = &self.stats.taken_back;
+        if taken.is_empty() {
+            return false;
+        }
+        self.buffer
+            .front()
+            .is_some_and(|(d, _)| taken.waits(Key::taken(d).value(), cx))
+    }
+
     /// Whether a buffered delivery may start now (apart from readiness).
     fn may_start(&self) -> bool {
         self.phase.starts_buffered(self.policy) && !self.buffer.is_empty()
@@ -320,7 +365,7 @@ where
         handlers: &mut Slots<Handling<S::Future>>,
         cx: &mut Context<'_>,
     ) -> bool {
-        if !self.may_start() {
+        if !self.may_start() || self.waits_for_taken_back(cx) {
             return false;
         }
         if !self.ready {

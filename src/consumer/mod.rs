@@ -18,11 +18,14 @@
 //!   the queue) is taken at the stack's claim point, so a delivery an
 //!   outer layer holds takes none.
 //! - **Loss.** The moment the channel (or its connection) is known gone,
-//!   the generation is lost: no new handler starts, the buffer is dropped
+//!   or the broker cancelled the consumer outside a drain (its unsettled
+//!   deliveries are the broker's again), the generation is lost: no new handler starts, the buffer is dropped
 //!   (the broker has taken it back), running handlers are cancelled through
 //!   their tokens (`abandon_after` applies), and every outcome that arrives
 //!   afterwards is an orphan: counted, logged at debug, never settled, never
-//!   published (the retry and dead-letter layers read the lifeline too).
+//!   published (the retry and dead-letter layers read the lifeline too),
+//!   so a late outcome never clears a strike. Until a cancelled handler
+//!   ends, the queue's next generation does not start its message again.
 //! - **Hand-back.** Under `hand_back`, once the drain has stopped intake no
 //!   new handler starts; what is buffered is handed back only after the
 //!   broker answered `basic.cancel` (a delivery requeued to a still
@@ -56,6 +59,9 @@
 //! - `stats`: the queue's counters ([`QueueStats`]) and metric handles;
 //! - `strikes`: which delivery a broker's acknowledgement timeout was
 //!   about, and the queue's bounded memory of struck messages;
+//! - `taken`: the messages still running in a generation whose
+//!   deliveries the broker took back, which the next one does not start
+//!   until they end;
 //! - `struck`: the wrapper that tells the stack about a message struck
 //!   before (dead-lettered as `consumer-timeout` once it has struck out).
 
@@ -67,6 +73,7 @@ mod run;
 mod stats;
 mod strikes;
 mod struck;
+mod taken;
 mod watched;
 
 pub(crate) use generation::End;

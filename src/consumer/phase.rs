@@ -33,8 +33,10 @@ pub(super) enum Phase {
     /// The broker answered the drain's `basic.cancel`: under `hand_back`
     /// what is buffered, and what is held before its claim, goes back.
     CancelAnswered,
-    /// The channel or its connection is gone: nothing starts, and every
-    /// outcome is an orphan (the broker takes the deliveries back).
+    /// The channel or its connection is gone, or the broker cancelled the
+    /// consumer outside a drain (RabbitMQ 4.3's consumer timeout returns
+    /// its unsettled deliveries): nothing starts, and every outcome is an
+    /// orphan (the broker has the deliveries back).
     Lost,
 }
 

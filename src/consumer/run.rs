@@ -95,6 +95,7 @@ where
             cancel,
             buffer: VecDeque::new(),
             started: Started::default(),
+            taken: Vec::new(),
             intake: &intake,
             ledger: Ledger::new(bounds),
             ops: Vec::new(),

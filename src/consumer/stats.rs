@@ -9,6 +9,7 @@ use metrics::Counter;
 use tokio_util::sync::CancellationToken;
 
 use super::strikes::Strikes;
+use super::taken::TakenBack;
 
 /// Per-queue counters shared by the loops of every generation, the drain
 /// and the health handle.
@@ -41,6 +42,9 @@ pub(crate) struct QueueStats {
     /// Messages whose acknowledgement the broker timed out, and how often
     /// (every generation of the queue).
     pub(crate) strikes: Strikes,
+    /// Messages still running in a generation whose deliveries the broker
+    /// took back: not started again until those handlers end.
+    pub(crate) taken_back: TakenBack,
     /// Settle frames sent (acks, multiple or not, nacks, rejects).
     pub(crate) settle_frames: AtomicUsize,
     /// The queue has no live consumer (recovering, or given up): readiness

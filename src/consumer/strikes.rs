@@ -322,8 +322,12 @@ impl Started {
         self.by_tag.len()
     }
 
-    pub(crate) fn clear(&mut self) {
-        self.by_tag.clear();
+    /// Every entry, tag and key, taken out.
+    pub(crate) fn take_all(&mut self) -> Vec<(u64, Key)> {
+        self.by_tag
+            .drain(..)
+            .map(|(tag, _, key)| (tag, key))
+            .collect()
     }
 
     /// The deliveries a timeout was about (see the module docs): tag and
@@ -474,7 +478,12 @@ mod tests {
         s.insert(4, t0, 44.into());
         assert_eq!(s.suspects(), [(2, 20), (3, 33), (4, 44)]);
         assert_eq!(s.len(), 3);
-        s.clear();
+        let taken: Vec<_> = s
+            .take_all()
+            .into_iter()
+            .map(|(t, k)| (t, k.value()))
+            .collect();
+        assert_eq!(taken, [(2, 20), (3, 33), (4, 44)]);
         assert_eq!(s.len(), 0);
     }
 

@@ -1,8 +1,10 @@
 //! A consumer the broker cancels while its channel stays open (a deleted
-//! queue here; RabbitMQ 4.3's consumer timeout does the same): acemq
-//! consumes the queue again on a new channel while the old consumer's
-//! handlers still run, and their outcomes settle on the old channel only —
-//! never a stale delivery tag on the new consumer.
+//! queue here; RabbitMQ 4.3's consumer timeout does the same): its
+//! unsettled deliveries are the broker's again, so the old consumer's
+//! running handlers are cancelled through their tokens and their outcomes
+//! are dropped. acemq consumes the queue again on a new channel while those
+//! handlers still run; no outcome of theirs settles anything — least of all
+//! a stale delivery tag on the new consumer.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +46,9 @@ async fn old_handlers_never_settle_on_the_new_consumer(kind: QueueType) {
     queue.concurrency = 8;
     let mut config = Config::new([queue]);
     config.shutdown_timeout = SECS(10);
+    // The old handlers ignore their tokens: not abandoned within the test.
+    config.abandon_after = SECS(60);
+    config.host_timeout = SECS(120);
     let _cleanup = QueueCleanup::new(topology_queues(&config));
     let mut broker = Broker::new().await;
 
@@ -52,17 +57,35 @@ async fn old_handlers_never_settle_on_the_new_consumer(kind: QueueType) {
     let new = Arc::new(Semaphore::new(0));
     let started = Arc::new(AtomicUsize::new(0));
     let handled = Arc::new(Mutex::new(Vec::<String>::new()));
+    // Old handlers that found their token cancelled when let through.
+    let old_cancelled = Arc::new(AtomicUsize::new(0));
     let handler = {
-        let (old, new, started, handled) =
-            (old.clone(), new.clone(), started.clone(), handled.clone());
+        let (old, new, started, handled, old_cancelled) = (
+            old.clone(),
+            new.clone(),
+            started.clone(),
+            handled.clone(),
+            old_cancelled.clone(),
+        );
         service_fn(move |d: Delivery| {
-            let (old, new, started, handled) =
-                (old.clone(), new.clone(), started.clone(), handled.clone());
+            let (old, new, started, handled, old_cancelled) = (
+                old.clone(),
+                new.clone(),
+                started.clone(),
+                handled.clone(),
+                old_cancelled.clone(),
+            );
             async move {
                 let body = String::from_utf8_lossy(d.body()).into_owned();
                 started.fetch_add(1, Ordering::SeqCst);
-                let gate = if body.starts_with("old") { old } else { new };
+                let is_old = body.starts_with("old");
+                let gate = if is_old { old } else { new };
+                // Ignores its token while it waits (abandon_after is long
+                // here): what a late outcome does is the question.
                 gate.acquire().await.expect("open").forget();
+                if is_old && d.token().is_cancelled() {
+                    old_cancelled.fetch_add(1, Ordering::SeqCst);
+                }
                 handled.lock().unwrap().push(body);
                 Ok::<(), BoxError>(())
             }
@@ -111,12 +134,18 @@ async fn old_handlers_never_settle_on_the_new_consumer(kind: QueueType) {
         "the new consumer's four handlers run beside the old ones"
     );
 
-    // The old handlers finish and their acks (tags 1–4, coalesced) go out.
-    // The new consumer's deliveries carry tags 1–4 too, on their channel.
+    // The old handlers finish, cancelled: their outcomes (tags 1–4) are
+    // dropped. The new consumer's deliveries carry tags 1–4 too, on their
+    // channel.
     old.add_permits(4);
     assert!(
         eventually(SECS(10), || async { channels_of(&name).await == Some(1) }).await,
-        "the old generation settled its handlers' outcomes and closed its channel"
+        "the old generation's handlers ended and it closed its channel"
+    );
+    assert_eq!(
+        old_cancelled.load(Ordering::SeqCst),
+        4,
+        "the old handlers were cancelled: their deliveries were the broker's again"
     );
     // Waited for: a quorum queue's counts in `list_queues` lag on 4.0 (it
     // said 0 unacknowledged for deliveries its consumer had just received).

@@ -30,4 +30,5 @@ mod frozen_node;
 mod frozen_shop;
 mod lost_in_drain;
 mod memory_alarm;
+mod quorum_timeout;
 mod timeout_strikes;

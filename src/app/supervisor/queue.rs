@@ -299,10 +299,11 @@ impl Runner<'_> {
 
     /// The broker cancelled the consumer and left its channel open (a
     /// deleted queue; RabbitMQ 4.3's consumer timeout): the queue is
-    /// declared again and consumed on a new channel. The old generation
-    /// still settles its running handlers' outcomes on its own channel,
-    /// then closes it: delivery tags are per channel, so none of them can
-    /// reach the new consumer.
+    /// declared again and consumed on a new channel. The old generation's
+    /// unsettled deliveries are the broker's again: its running handlers
+    /// are cancelled, their outcomes dropped, and a message still running
+    /// there waits to start on the new channel until that handler ends;
+    /// the old channel is closed once they all have.
     async fn recover_cancelled(&mut self) -> Next {
         let q = self.q;
         self.parts.stats.down.store(true, Ordering::Release);
