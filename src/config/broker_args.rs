@@ -8,6 +8,13 @@
 //! - `x-delivery-limit` at or below `max_redeliveries` on a quorum queue:
 //!   the broker dead-letters (or drops) a message that keeps coming back
 //!   before acemq's own bound does, without acemq's reason headers.
+//! - A queue's effective consumer timeout (`consumer_timeout`, else its
+//!   `x-consumer-timeout` argument) not above the drain's longest wait for
+//!   a handler (`shutdown_timeout + abandon_after`).
+//!
+//! And, at start, what becomes of `consumer_timeout` on each broker.
+
+use std::time::Duration;
 
 use super::queue::{QueueConfig, QueueType};
 use super::routing::ArgValue;
@@ -19,15 +26,98 @@ impl Config {
     /// the version and the fix. Empty when there is none. Validation logs
     /// them as warnings.
     pub(crate) fn argument_warnings(&self) -> Vec<String> {
+        let drain = self.longest_handler_wait();
         self.queues
             .iter()
             .enumerate()
-            .flat_map(|(i, q)| q.argument_warnings(i))
+            .flat_map(|(i, q)| {
+                let mut out = q.argument_warnings(i);
+                out.extend(q.drain_outlasts_timeout(i, drain));
+                out
+            })
+            .collect()
+    }
+
+    /// One line per queue with `consumer_timeout`: what the broker does
+    /// with it, and what to set on a broker that ignores it. Logged at
+    /// start.
+    pub(crate) fn consumer_timeout_notes(&self) -> Vec<String> {
+        self.queues
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.consume)
+            .filter_map(|(i, q)| {
+                let t = q.consumer_timeout?;
+                Some(if q.sent_consumer_timeout().is_some() {
+                    format!(
+                        "queues[{i}].consumer_timeout is {t:?} on quorum queue {:?}: acemq \
+                         consumes it with the consumer argument x-consumer-timeout = {} ms, which \
+                         RabbitMQ 4.3 and later honour above the queue's own timeout; earlier \
+                         brokers ignore it (RabbitMQ 3.10.8 accepts the consume and applies its \
+                         own timeout), so there set consumer_timeout in rabbitmq.conf (or, from \
+                         3.12, the queue's x-consumer-timeout argument or a policy's \
+                         consumer-timeout) above the handler's longest run",
+                        q.name,
+                        t.as_millis()
+                    )
+                } else {
+                    format!(
+                        "queues[{i}].consumer_timeout is {t:?} on classic queue {:?}: not sent \
+                         (RabbitMQ 4.3 refuses the consumer argument x-consumer-timeout on a \
+                         classic queue, and never times out a classic queue's consumer); before \
+                         4.3 the broker's timeout applies, so there set consumer_timeout in \
+                         rabbitmq.conf above the handler's longest run",
+                        q.name
+                    )
+                })
+            })
             .collect()
     }
 }
 
 impl QueueConfig {
+    /// `consumer_timeout` where acemq sends it as the consumer argument
+    /// `x-consumer-timeout`: on a quorum queue (RabbitMQ 4.3 refuses the
+    /// argument on a classic queue, whose consumers it never times out).
+    pub(crate) fn sent_consumer_timeout(&self) -> Option<Duration> {
+        self.consumer_timeout
+            .filter(|_| self.kind == QueueType::Quorum)
+    }
+
+    /// The consumer timeout this config gives the queue's deliveries, and
+    /// where it comes from: `consumer_timeout`, else the queue's
+    /// `x-consumer-timeout` argument; `None` when the broker's own applies
+    /// (unknown here).
+    pub(crate) fn effective_consumer_timeout(&self) -> Option<(Duration, &'static str)> {
+        if let Some(t) = self.sent_consumer_timeout() {
+            return Some((t, "consumer_timeout"));
+        }
+        let ms = self.arguments.get("x-consumer-timeout").and_then(int)?;
+        let ms = u64::try_from(ms).ok()?;
+        Some((Duration::from_millis(ms), "arguments.x-consumer-timeout"))
+    }
+
+    /// A warning when the drain may hold a delivery longer than the
+    /// queue's effective consumer timeout: the broker then takes it back
+    /// mid-drain, and the handler's work is done again.
+    fn drain_outlasts_timeout(&self, i: usize, drain: Duration) -> Option<String> {
+        if !self.consume {
+            return None;
+        }
+        let (timeout, from) = self.effective_consumer_timeout()?;
+        (drain >= timeout).then(|| {
+            format!(
+                "queues[{i}].{from} is {timeout:?} on queue {:?}, not above the drain's \
+                 longest wait for a handler, shutdown_timeout + abandon_after = {drain:?}: a \
+                 handler still running at a stop can be timed out by the broker mid-drain, its \
+                 delivery taken back and its work done again; set consumer_timeout above \
+                 {drain:?} and the handler's longest run, or lower shutdown_timeout and \
+                 abandon_after",
+                self.name
+            )
+        })
+    }
+
     fn argument_warnings(&self, i: usize) -> Vec<String> {
         let mut out = Vec::new();
         let field = |name: &str| format!("queues[{i}].arguments.{name}");
@@ -153,5 +243,78 @@ mod tests {
         assert!(w[0].contains("not above max_redeliveries (30)"), "{}", w[0]);
         assert!(warnings(&yaml(31)).is_empty());
         assert!(warnings(&yaml(-1)).is_empty(), "no limit");
+    }
+
+    #[test]
+    fn the_drain_is_compared_with_the_effective_consumer_timeout() {
+        // shutdown_timeout 20 + abandon_after 5 = 25 s.
+        let yaml = |extra: &str| {
+            format!(
+                "shutdown_timeout: 20\nqueues:\n  - name: q\n    type: quorum\n    \
+                 arguments: {{ x-consumer-timeout: 3000 }}\n{extra}"
+            )
+        };
+        let w = warnings(&yaml(""));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "queues[0].arguments.x-consumer-timeout is 3s on queue \"q\", not above the \
+                 drain's longest wait for a handler, shutdown_timeout + abandon_after = 25s"
+            ),
+            "{}",
+            w[0]
+        );
+        // consumer_timeout is what the broker applies to this consumer.
+        assert!(warnings(&yaml("    consumer_timeout: 60s\n")).is_empty());
+        let w = warnings(&yaml("    consumer_timeout: 20s\n"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("queues[0].consumer_timeout is 20s"),
+            "{}",
+            w[0]
+        );
+        // Neither: the broker's own, unknown here.
+        assert!(warnings("queues:\n  - name: q\n").is_empty());
+    }
+
+    #[test]
+    fn consumer_timeout_loads_in_any_unit_says_what_each_broker_does_and_zero_is_refused() {
+        let config = Config::from_yaml_str(
+            "queues:\n  - name: q\n    type: quorum\n    consumer_timeout: 20s\n  \
+             - name: c\n    consumer_timeout: 1m\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.queues[0].consumer_timeout,
+            Some(Duration::from_secs(20))
+        );
+        let notes = config.consumer_timeout_notes();
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(config.queues[1].sent_consumer_timeout(), None);
+        assert!(
+            notes[1]
+                .starts_with("queues[1].consumer_timeout is 60s on classic queue \"c\": not sent"),
+            "{}",
+            notes[1]
+        );
+        assert!(
+            notes[0].contains("x-consumer-timeout = 20000 ms")
+                && notes[0].contains("RabbitMQ 4.3 and later honour")
+                && notes[0].contains("set consumer_timeout in rabbitmq.conf"),
+            "{}",
+            notes[0]
+        );
+        assert!(Config::from_yaml_str("queues: [{ name: q }]")
+            .unwrap()
+            .consumer_timeout_notes()
+            .is_empty());
+        let err = Config::from_yaml_str("queues:\n  - name: q\n    consumer_timeout: 0\n")
+            .and_then(|c| c.validate().map(|()| c))
+            .expect_err("zero is refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("queues[0].consumer_timeout") && message.contains("at least 1ms"),
+            "{message}"
+        );
     }
 }

@@ -158,6 +158,18 @@ pub struct QueueConfig {
     /// is counted against.
     #[serde(default = "QueueConfig::default_consumer_timeout_strikes")]
     pub consumer_timeout_strikes: u32,
+    /// How long a handler may hold one of this queue's deliveries before
+    /// the broker times out its acknowledgement (default none: the queue's
+    /// `x-consumer-timeout` argument or policy, else the broker's
+    /// `consumer_timeout`, 30 min by default). Set, acemq passes it on
+    /// `basic.consume` as the consumer argument `x-consumer-timeout`
+    /// (milliseconds) on a quorum queue, which RabbitMQ 4.3 honours above
+    /// the queue's own; earlier brokers ignore it. On a classic queue it is
+    /// not sent (4.3 refuses it there, and never times out a classic
+    /// queue's consumer). A line at start says what each broker does with
+    /// it and what to set on the broker instead. At least 1 ms.
+    #[serde(default, deserialize_with = "duration::option::deserialize")]
+    pub consumer_timeout: Option<Duration>,
     /// The queue's circuit breaker (default none): see
     /// [`CircuitBreakerConfig`](super::CircuitBreakerConfig).
     #[serde(default)]
@@ -205,6 +217,7 @@ impl QueueConfig {
             max_redeliveries: QueueConfig::DEFAULT_MAX_REDELIVERIES,
             ordered_by: None,
             consumer_timeout_strikes: QueueConfig::DEFAULT_CONSUMER_TIMEOUT_STRIKES,
+            consumer_timeout: None,
             circuit_breaker: None,
             serves_requests: false,
             reply_error_text: false,

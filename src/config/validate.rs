@@ -107,6 +107,9 @@ impl Config {
         self.argument_warnings()
             .iter()
             .for_each(|w| tracing::warn!("{w}"));
+        self.consumer_timeout_notes()
+            .iter()
+            .for_each(|n| tracing::info!("{n}"));
         Ok(())
     }
 

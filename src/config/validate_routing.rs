@@ -77,6 +77,14 @@ impl Config {
                 ),
             ));
         }
+        if q.consumer_timeout.is_some_and(|t| t.as_millis() == 0) {
+            return Err(ConfigError::invalid(
+                format!("queues[{i}].consumer_timeout"),
+                format!("is {:?}", q.consumer_timeout.unwrap_or_default()),
+                "give it at least 1ms (the broker takes milliseconds), above the handler's \
+                 longest run, or leave it out (the queue's or the broker's timeout applies)",
+            ));
+        }
         if q.passive {
             if let Some(what) = [
                 (!q.bindings.is_empty()).then_some("bindings"),

@@ -116,3 +116,39 @@ async fn repeated_queue_flags_consume_only_those_and_the_demo_batch_goes_to_the_
         shop.stderr()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_consumes_a_queue_with_consumer_timeout_and_says_at_start_what_each_broker_does_with_it(
+) {
+    let q = unique("shop.long-jobs");
+    let _cleanup = QueueCleanup::new(vec![q.clone()]);
+    let yaml = format!(
+        "shutdown_timeout: 5\nqueues:\n  - name: {q}\n    type: quorum\n    consumer_timeout: 20s\n"
+    );
+    let mut shop = ShopProcess::spawn(&q, &yaml, &[]);
+    shop.wait_ready().await;
+    // The consumer argument x-consumer-timeout goes with basic.consume on
+    // a quorum queue: a broker that does not know it (3.10) still accepts
+    // the consume; 4.3 honours it.
+    let mut broker = Broker::new().await;
+    broker
+        .publish(&q, br#"{"id":"o-1"}"#, FieldTable::default())
+        .await;
+    let handled = eventually(Duration::from_secs(10), || async {
+        shop.readyz()
+            .await
+            .is_some_and(|(_, j)| j["queues"][0]["handled"].as_u64() == Some(1))
+    })
+    .await;
+    assert!(handled, "the order was handled; stderr:\n{}", shop.stderr());
+    let stderr = shop.stderr();
+    assert!(
+        stderr.contains("consumer argument x-consumer-timeout = 20000 ms")
+            && stderr.contains("earlier brokers ignore it"),
+        "the start says what becomes of consumer_timeout; stderr:\n{stderr}"
+    );
+    shop.signal("-TERM");
+    let status = shop.exit_within(Duration::from_secs(15)).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+    assert_eq!(broker.ready(&q).await, Some(0));
+}

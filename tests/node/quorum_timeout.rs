@@ -197,3 +197,64 @@ async fn on_rabbitmq_4_3_a_handler_longer_than_a_quorum_queues_consumer_timeout_
     assert!(c(&calls.short) >= 3, "the short messages were handled");
     client.delete(&[q, dlq]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "on a throwaway node: cargo test -p acemq --test node -- --ignored --test-threads=1 (.ci/run)"]
+async fn on_rabbitmq_4_3_a_queues_consumer_timeout_outlives_its_x_consumer_timeout_and_the_long_handler_runs_once_without_a_strike(
+) {
+    let _node = Node::up();
+    let (major, minor, version) = broker_version().await;
+    if (major, minor) < (4, 3) {
+        eprintln!("RabbitMQ {version}: the consumer argument x-consumer-timeout is honoured from 4.3; nothing to test here");
+        return;
+    }
+    let q = unique("quorum-long-job");
+    let dlq = format!("{q}.dlq");
+    let client = Client::new(&format!("acemq-node-test-{q}")).await;
+    let calls = Arc::new(Calls::default());
+    let mut queue = quorum_queue(&q);
+    queue.consumer_timeout = Some(SECS(20));
+    let mut config = Config::new([queue]);
+    config.shutdown_timeout = SECS(5);
+    config.abandon_after = SECS(2);
+    let running = App::new(config)
+        .amqp_addr(addr())
+        .connection_name(format!("acemq-node-test-{q}-app"))
+        .consume(&q, handler(calls.clone()))
+        .start()
+        .await
+        .expect("starts on the node");
+    let t0 = Instant::now();
+    client.publish(&q, b"long").await;
+    let c = |n: &AtomicUsize| n.load(Ordering::SeqCst);
+    let completed = eventually(SECS(30), || async { c(&calls.long_completed) == 1 }).await;
+    let took = t0.elapsed();
+    // Past the queue's 3 s timeout again, with the message settled: any
+    // late cancel or redelivery would show now.
+    tokio::time::sleep(Duration::from_millis(2 * QUEUE_TIMEOUT_MS as u64)).await;
+    eprintln!(
+        "RabbitMQ {version}: completed after {took:.1?}; long started {}, completed {}, cancelled {}",
+        c(&calls.long_started),
+        c(&calls.long_completed),
+        c(&calls.long_cancelled),
+    );
+    assert!(completed, "the 8 s handler completed within 30 s");
+    assert_eq!(
+        (c(&calls.long_started), c(&calls.long_cancelled)),
+        (1, 0),
+        "handled once, never cancelled: the consumer's 20 s outlived the queue's 3 s"
+    );
+    let drain = tokio::time::timeout(SECS(30), running.drain())
+        .await
+        .expect("the drain returns");
+    assert!(drain.is_ok(), "a clean drain: {drain:?}");
+    assert!(
+        take_all(&client.ch, &dlq).await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert!(
+        !ready_in(&client, &q, 1).await,
+        "the message was acknowledged"
+    );
+    client.delete(&[q, dlq]).await;
+}

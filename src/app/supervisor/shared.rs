@@ -93,12 +93,22 @@ pub(crate) async fn consume_on(
         .basic_qos(q.prefetch, BasicQosOptions::default())
         .await?;
     let tag = format!("{name}-{}", q.name);
+    let mut arguments = FieldTable::default();
+    if let Some(timeout) = q.sent_consumer_timeout() {
+        // Milliseconds, as the broker reads it (RabbitMQ 4.3 and later;
+        // earlier brokers ignore an argument they do not know).
+        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        arguments.insert(
+            "x-consumer-timeout".into(),
+            lapin::types::AMQPValue::LongLongInt(ms),
+        );
+    }
     let consumer = channel
         .basic_consume(
             q.name.as_str().into(),
             tag.as_str().into(),
             BasicConsumeOptions::default(),
-            FieldTable::default(),
+            arguments,
         )
         .await?;
     Ok((consumer, tag))
