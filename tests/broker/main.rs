@@ -51,5 +51,6 @@ mod rpc;
 mod settle;
 mod shop_flow;
 mod shop_queues;
+mod shop_timeout;
 mod soak;
 mod topology;
