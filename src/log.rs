@@ -47,9 +47,41 @@ pub const LAPIN_DIRECTIVE: &str = "lapin=off";
 /// Example: the [module docs](crate::log).
 pub const DEFAULT_FILTER: &str = "info,lapin=off";
 
+/// Whether text log lines written to `stream` should carry ANSI colour
+/// codes: only when it is a terminal and `NO_COLOR` is unset or empty
+/// (<https://no-color.org>). A log written to a file or a pipe (a
+/// collector, `kubectl logs`, a `2> log` redirect) gets none, so it reads
+/// as plain text. For tracing-subscriber's formatter:
+///
+/// ```
+/// let colour = acemq::log::use_colour(&std::io::stderr());
+/// let subscriber = tracing_subscriber::fmt()
+///     .with_writer(std::io::stderr)
+///     .with_ansi(colour)
+///     .finish();
+/// # let _ = subscriber;
+/// ```
+pub fn use_colour(stream: &impl std::io::IsTerminal) -> bool {
+    colour(stream.is_terminal(), std::env::var_os("NO_COLOR"))
+}
+
+fn colour(is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{DEFAULT_FILTER, LAPIN_DIRECTIVE};
+    use super::{colour, use_colour, DEFAULT_FILTER, LAPIN_DIRECTIVE};
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        let file = std::fs::File::open("Cargo.toml").expect("a file");
+        assert!(!use_colour(&file), "a file is no terminal");
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".into())));
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None));
+    }
 
     #[test]
     fn the_default_filter_is_info_with_lapin_off() {

@@ -85,7 +85,8 @@ pub(crate) fn env_filter(default: &str) -> EnvFilter {
 
 /// Installs the global subscriber: [`env_filter`]`(default_filter)` and the
 /// lines in `format` written to `writer` (`std::io::stderr` or
-/// `std::io::stdout`).
+/// `std::io::stdout`), in colour only when that is a terminal
+/// ([`acemq::log::use_colour`]).
 #[allow(
     dead_code,
     reason = "tracing_otlp composes its own registry from `layer`"
@@ -93,6 +94,7 @@ pub(crate) fn env_filter(default: &str) -> EnvFilter {
 pub(crate) fn init<W>(format: LogFormat, default_filter: &str, writer: W)
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+    for<'w> <W as MakeWriter<'w>>::Writer: std::io::IsTerminal,
 {
     tracing_subscriber::registry()
         .with(env_filter(default_filter))
@@ -107,10 +109,14 @@ pub(crate) fn layer<S, W>(format: LogFormat, writer: W) -> Box<dyn Layer<S> + Se
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+    for<'w> <W as MakeWriter<'w>>::Writer: std::io::IsTerminal,
 {
+    // Colours only on a terminal: a log written to a file or a pipe reads
+    // as plain text.
+    let colour = acemq::log::use_colour(&writer.make_writer());
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
     match format {
-        LogFormat::Text => fmt.boxed(),
+        LogFormat::Text => fmt.with_ansi(colour).boxed(),
         LogFormat::Json => fmt
             .json()
             // `message` and the event's other fields at the top level, where

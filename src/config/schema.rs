@@ -25,7 +25,11 @@ use super::routing::ExchangeConfig;
 /// config.validate().unwrap();
 /// assert_eq!(config.queue("shop.orders").unwrap().prefetch, QueueConfig::DEFAULT_PREFETCH);
 /// ```
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+///
+/// Its `Debug` shows every field, each address with its password replaced
+/// by `***` ([`redact`](crate::connection::redact)): a config can be
+/// logged.
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
@@ -114,6 +118,42 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
 }
 
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so a field added later cannot be left out unseen.
+        let Config {
+            shutdown_timeout,
+            abandon_after,
+            host_timeout,
+            connect_timeout,
+            prefetch_policy,
+            addresses,
+            heartbeat,
+            tls,
+            pause_hand_back_after,
+            queues,
+            exchanges,
+        } = self;
+        let addresses: Vec<String> = addresses
+            .iter()
+            .map(|a| super::address::redact(a))
+            .collect();
+        f.debug_struct("Config")
+            .field("shutdown_timeout", shutdown_timeout)
+            .field("abandon_after", abandon_after)
+            .field("host_timeout", host_timeout)
+            .field("connect_timeout", connect_timeout)
+            .field("prefetch_policy", prefetch_policy)
+            .field("addresses", &addresses)
+            .field("heartbeat", heartbeat)
+            .field("tls", tls)
+            .field("pause_hand_back_after", pause_hand_back_after)
+            .field("queues", queues)
+            .field("exchanges", exchanges)
+            .finish()
+    }
+}
+
 impl Default for Config {
     /// The defaults, with no queues (which [`Config::validate`] rejects: add
     /// at least one).
@@ -168,5 +208,30 @@ impl Config {
     /// The queue named `name`, if the config has one.
     pub fn queue(&self, name: &str) -> Option<&QueueConfig> {
         self.queues.iter().find(|q| q.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_password() {
+        let mut config = Config::new([QueueConfig::new("q")]);
+        config.addresses = vec![
+            "amqp://shop:s3cret@rabbit-1:5672/%2f".to_owned(),
+            "amqps://shop:hunter2@rabbit-2:5671/shop?heartbeat=10".to_owned(),
+        ];
+        for shown in [format!("{config:?}"), format!("{config:#?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(
+                shown.contains("amqp://shop:***@rabbit-1:5672/%2f"),
+                "{shown}"
+            );
+            assert!(shown.contains("rabbit-2:5671"), "{shown}");
+            assert!(shown.contains("shutdown_timeout"), "{shown}");
+            assert!(shown.contains("\"q\""), "{shown}");
+        }
     }
 }

@@ -162,3 +162,40 @@ async fn a_failed_start_ends_stderr_with_acemqs_one_line_reason_and_no_lapin_lin
         assert!(lapin.is_empty(), "{addr}: lapin's lines:\n{lapin:#?}");
     }
 }
+
+/// Runs the shop against a broker address nothing listens on (a failed
+/// start), `NO_COLOR` empty (which counts as unset), and returns its exit
+/// code and its stderr as written, escapes and all.
+async fn failed_start_raw_stderr(q: &str) -> (Option<i32>, String) {
+    let config = std::env::temp_dir().join(format!("{q}.yaml"));
+    std::fs::write(&config, config_yaml(q)).expect("write the config");
+    let out = tokio::process::Command::new(crate::support::shop_binary())
+        .arg("--config")
+        .arg(&config)
+        .args(["--no-seed", "--queue", q, "--http", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "")
+        .env("AMQP_ADDR", "amqp://guest:guest@127.0.0.1:1/%2f")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = tokio::time::timeout(SECS(30), out)
+        .await
+        .expect("the shop exits within 30 s")
+        .expect("the shop runs");
+    let _ = std::fs::remove_file(&config);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_written_to_a_pipe_carries_no_colour_codes() {
+    let (code, stderr) = failed_start_raw_stderr(&unique("logs-colour")).await;
+    assert_eq!(code, Some(69), "stderr:\n{stderr}");
+    assert!(stderr.contains("ERROR"), "stderr:\n{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "ANSI escapes in a log written to a pipe:\n{stderr:?}"
+    );
+}
