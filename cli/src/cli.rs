@@ -10,13 +10,14 @@ const REASONS: &str =
     "max-attempts, rejected, panic, timeout, redelivered, transaction-ended, consumer-timeout, \
      malformed-headers";
 
-/// acemq's operator command: the topology a config names, queue depths, and
-/// dead letters.
+/// acemq's operator command: the topology a config names, queue depths, dead
+/// letters, and a message published by hand.
 ///
 /// Exit codes: 0 ok, 1 `topology plan` found differences (or `queues
-/// --strict` a missing queue), 64 usage, 65 a queue named on the command
-/// line is not there, 69 broker unavailable, 78 config error (or a broker
-/// queue that contradicts the config).
+/// --strict` a missing queue), 64 usage, 65 a queue or exchange named on the
+/// command line is not there (or `publish` found nothing to route to), 69
+/// broker unavailable, 75 `publish` was nacked by the broker, 78 config
+/// error (or a broker queue that contradicts the config).
 #[derive(Debug, Parser)]
 #[command(name = "acemq", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -49,6 +50,9 @@ pub(crate) enum Command {
     /// messages back.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Publish one message to a queue or to an exchange, mandatory, and
+    /// wait for the broker's confirm.
+    Publish(Box<PublishArgs>),
 }
 
 /// `acemq topology ...`
@@ -134,6 +138,91 @@ pub(crate) struct ReplayArgs {
     pub(crate) config: Option<PathBuf>,
 }
 
+/// `acemq publish`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("to").required(true).args(["queue", "exchange"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["body", "file"])))]
+pub(crate) struct PublishArgs {
+    /// The body; `-` reads it from stdin.
+    #[arg(value_name = "BODY", allow_hyphen_values = true)]
+    pub(crate) body: Option<String>,
+    /// Read the body from FILE (`-`: stdin), byte for byte.
+    #[arg(long, short = 'f', value_name = "FILE")]
+    pub(crate) file: Option<PathBuf>,
+    /// Publish to queue Q (through the default exchange, routing key Q).
+    #[arg(long, short = 'q', value_name = "Q", conflicts_with_all = ["exchange", "routing_key"])]
+    pub(crate) queue: Option<String>,
+    /// Publish to exchange X (with --routing-key).
+    #[arg(long, short = 'x', value_name = "X", requires = "routing_key")]
+    pub(crate) exchange: Option<String>,
+    /// The routing key to publish to exchange X with.
+    #[arg(long, short = 'k', value_name = "KEY", requires = "exchange")]
+    pub(crate) routing_key: Option<String>,
+    /// A header, as NAME=VALUE (a string); repeat for more.
+    #[arg(long = "header", short = 'H', value_name = "NAME=VALUE", value_parser = parse_header)]
+    pub(crate) headers: Vec<(String, String)>,
+    /// The `content_type` property, e.g. application/json.
+    #[arg(long, value_name = "TYPE")]
+    pub(crate) content_type: Option<String>,
+    /// The `content_encoding` property, e.g. gzip.
+    #[arg(long, value_name = "ENCODING")]
+    pub(crate) content_encoding: Option<String>,
+    /// The `message_id` property (what acemq's inbox keys on).
+    #[arg(long, value_name = "ID")]
+    pub(crate) message_id: Option<String>,
+    /// The `correlation_id` property.
+    #[arg(long, value_name = "ID")]
+    pub(crate) correlation_id: Option<String>,
+    /// The `reply_to` property.
+    #[arg(long, value_name = "QUEUE")]
+    pub(crate) reply_to: Option<String>,
+    /// The `type` property.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub(crate) kind: Option<String>,
+    /// The `app_id` property.
+    #[arg(long, value_name = "ID")]
+    pub(crate) app_id: Option<String>,
+    /// The `priority` property (0 to 255).
+    #[arg(long, value_name = "N")]
+    pub(crate) priority: Option<u8>,
+    /// The `expiration` property: a per-message TTL in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub(crate) expiration: Option<u64>,
+    /// The `timestamp` property, in seconds since the Unix epoch; `now`
+    /// for the current time.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timestamp)]
+    pub(crate) timestamp: Option<u64>,
+    /// `delivery_mode` 2: the message survives a broker restart in a
+    /// durable queue (without it: 1, transient).
+    #[arg(long)]
+    pub(crate) persistent: bool,
+    /// Give up waiting for the broker's confirm after SECONDS (exit 69).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub(crate) confirm_timeout: u64,
+    /// Take the broker addresses and TLS files from this config.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err(format!(
+            "{s:?} is not NAME=VALUE: give the header's name, `=`, then its value (`--header tenant=acme`)"
+        )),
+    }
+}
+
+fn parse_timestamp(s: &str) -> Result<u64, String> {
+    if s == "now" {
+        return Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()));
+    }
+    s.parse()
+        .map_err(|_| "not a number of seconds since the Unix epoch, nor `now`".to_owned())
+}
+
 fn parse_replay_reason(s: &str) -> Result<acemq::Reason, String> {
     acemq::Reason::from_header(s)
         .ok_or_else(|| format!("not a reason acemq writes (one of {REASONS})"))
@@ -182,5 +271,19 @@ mod tests {
         assert!(parse_replay_reason("none").is_err());
         assert_eq!(parse_peek_reason("none").as_deref(), Ok("none"));
         assert!(parse_peek_reason("oops").is_err());
+    }
+
+    #[test]
+    fn a_header_is_name_equals_value() {
+        assert_eq!(
+            parse_header("tenant=acme=1"),
+            Ok(("tenant".to_owned(), "acme=1".to_owned()))
+        );
+        assert_eq!(
+            parse_header("empty="),
+            Ok(("empty".to_owned(), String::new()))
+        );
+        assert!(parse_header("=x").is_err());
+        assert!(parse_header("tenant").is_err());
     }
 }

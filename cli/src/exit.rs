@@ -16,10 +16,15 @@ pub(crate) enum Exit {
     Differences,
     /// 64 (EX_USAGE): the command line is wrong.
     Usage,
-    /// 65 (EX_DATAERR): the queue named on the command line is not there.
+    /// 65 (EX_DATAERR): the queue (or exchange) named on the command line
+    /// is not there, or `publish` reached no queue.
     Data,
     /// 69 (EX_UNAVAILABLE): the broker could not be reached, or failed.
     Unavailable,
+    /// 75 (EX_TEMPFAIL): `publish` was refused by the broker (a nack: a
+    /// queue at its length limit that rejects publishes, or a broker fault);
+    /// trying again later may succeed.
+    Nacked,
     /// 78 (EX_CONFIG): the config is invalid, or the broker holds something
     /// the config contradicts.
     Config,
@@ -34,6 +39,7 @@ impl Exit {
             Exit::Usage => 64,
             Exit::Data => 65,
             Exit::Unavailable => EXIT_UNAVAILABLE,
+            Exit::Nacked => 75,
             Exit::Config => EXIT_CONFIG,
         }
     }

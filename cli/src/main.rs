@@ -1,5 +1,5 @@
 //! `acemq`, the operator command for acemq: plan and apply the topology a
-//! config names, show queue depths, peek at and replay dead letters. See
+//! config names, show queue depths, peek at and replay dead letters, publish a message. See
 //! the crate's README for each verb and its exit codes.
 
 use std::process::ExitCode;
@@ -13,6 +13,7 @@ mod exit;
 mod output;
 mod peek;
 mod probe;
+mod publish;
 mod queues;
 mod replay;
 mod topology;
@@ -31,6 +32,7 @@ async fn run(cli: Cli) -> Result<Exit, Failure> {
         Command::Queues(a) => queues::queues(&a.config.config, a.strict, addr, json).await,
         Command::Dlq(DlqCommand::Peek(a)) => peek::peek(a, addr, json).await,
         Command::Dlq(DlqCommand::Replay(a)) => replay::replay(a, addr, json).await,
+        Command::Publish(a) => publish::publish(a, addr, json).await,
     }
 }
 

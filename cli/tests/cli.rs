@@ -13,6 +13,8 @@ mod dlq_peek;
 mod dlq_replay;
 #[path = "cli/errors.rs"]
 mod errors;
+#[path = "cli/publish.rs"]
+mod publish;
 #[path = "cli/queues.rs"]
 mod queues;
 #[path = "cli/topology.rs"]
