@@ -133,6 +133,10 @@ pub(crate) struct ReplayArgs {
     /// Take at most N messages from QUEUE.dlq (moved or skipped).
     #[arg(long, short = 'n', value_name = "N")]
     pub(crate) limit: Option<usize>,
+    /// Move only the first copy of each message id; later copies (repeats,
+    /// as `dlq peek` marks them) stay in QUEUE.dlq, in order.
+    #[arg(long)]
+    pub(crate) skip_repeated: bool,
     /// Take the broker addresses and TLS files from this config.
     #[arg(long, short = 'c', value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,

@@ -57,6 +57,10 @@ struct Peeked {
     /// Its place in the queue when the peek took it, from 1.
     position: usize,
     message_id: Option<String>,
+    /// The position of an earlier message with the same message id, when
+    /// this one is a repeat (a crash between the copy and the
+    /// acknowledgement can dead-letter a message twice).
+    repeat_of: Option<usize>,
     /// `x-acemq-reason`; absent when the broker dead-lettered it itself.
     reason: Option<String>,
     /// Why the broker dead-lettered it (`x-death`), when acemq did not.
@@ -140,6 +144,7 @@ fn summarise(position: usize, m: &BasicGetMessage, body_bytes: usize) -> Peeked 
     Peeked {
         position,
         message_id: d.properties.message_id().as_ref().map(|s| s.to_string()),
+        repeat_of: None,
         broker_reason: if reason.is_none() {
             death.and_then(|(_, _, r)| r)
         } else {
@@ -183,6 +188,8 @@ struct PeekReport {
     max_delivery_count: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
+    /// Messages shown whose message id an earlier message taken had.
+    repeats: usize,
     messages: Vec<Peeked>,
 }
 
@@ -203,6 +210,7 @@ pub(crate) async fn peek(
         taken: 0,
         max_delivery_count: None,
         reason: args.reason.clone(),
+        repeats: 0,
         messages: Vec::new(),
     };
     let result = take_and_give_back(&conn, args, &mut report).await;
@@ -250,6 +258,8 @@ async fn take_and_give_back(
         }
     };
     let mut failed = None;
+    // Each message id's first position among the messages taken.
+    let mut first_seen = std::collections::HashMap::new();
     // Without a filter every message taken is shown, so the limit bounds
     // the loop. With one, at most what the queue held at the start is
     // taken, so a queue that is being filled is not read forever.
@@ -263,9 +273,14 @@ async fn take_and_give_back(
         {
             Ok(Some(m)) => {
                 report.taken += 1;
-                let p = summarise(report.taken, &m, args.body_bytes);
+                let mut p = summarise(report.taken, &m, args.body_bytes);
+                if let Some(id) = &p.message_id {
+                    p.repeat_of = first_seen.get(id).copied();
+                    first_seen.entry(id.clone()).or_insert(p.position);
+                }
                 report.max_delivery_count = report.max_delivery_count.max(p.delivery_count);
                 if matches(&p, args.reason.as_deref()) {
+                    report.repeats += usize::from(p.repeat_of.is_some());
                     report.messages.push(p);
                 }
             }
@@ -306,6 +321,9 @@ fn print_text(r: &PeekReport) {
         match &p.message_id {
             Some(id) => head.push(format!("message id {}", cut(id, 80))),
             None => head.push("no message id".to_owned()),
+        }
+        if let Some(first) = p.repeat_of {
+            head.push(format!("repeat of #{first}"));
         }
         if let Some(s) = p.age_seconds {
             let what = if p.dead_lettered_at_ms.is_some() {
@@ -366,6 +384,14 @@ fn print_text(r: &PeekReport) {
             r.queue,
             r.broker,
             r.taken
+        );
+    }
+    if r.repeats > 0 {
+        println!(
+            "{} of them repeat{} the message id of an earlier one; `acemq dlq replay \
+             --skip-repeated` moves one copy of each",
+            r.repeats,
+            if r.repeats == 1 { "s" } else { "" }
         );
     }
     if let Some(n) = r.max_delivery_count {

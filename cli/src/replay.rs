@@ -21,6 +21,7 @@ struct Report<'a> {
     to: &'a str,
     moved: usize,
     skipped: usize,
+    repeats_left: usize,
     moved_by_reason: &'a std::collections::BTreeMap<String, usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -34,6 +35,7 @@ fn print(report: &ReplayReport, broker: &str, error: Option<String>, json: bool)
             to: &report.to,
             moved: report.moved,
             skipped: report.skipped,
+            repeats_left: report.repeats_left,
             moved_by_reason: &report.moved_by_reason,
             error,
         });
@@ -65,6 +67,9 @@ pub(crate) async fn replay(
     }
     if let Some(n) = args.limit {
         options = options.limit(n);
+    }
+    if args.skip_repeated {
+        options = options.skip_repeated();
     }
     let (conn, broker) = target.connect("dlq replay").await?;
     let result = async {

@@ -20,7 +20,9 @@
 //! when its connection closes. A publish that is refused (no queue `Q`, a
 //! nack) stops the replay with an error and leaves that message in `Q.dlq`.
 //!
-//! Messages skipped by [`ReplayOptions::only_reason`] are held
+//! Messages skipped by [`ReplayOptions::only_reason`], and with
+//! [`ReplayOptions::skip_repeated`] every copy of a message id this replay
+//! already moved, are held
 //! unacknowledged until the replay ends, then given back to `Q.dlq` in their
 //! order. The replay takes at most as many messages as `Q.dlq` held when it
 //! started (or [`ReplayOptions::limit`]), so a message that fails again and
@@ -74,6 +76,10 @@ pub struct ReplayOptions {
     /// At most this many messages taken from the dead-letter queue (moved or
     /// skipped); `None` (the default): as many as it held at the start.
     pub limit: Option<usize>,
+    /// Move only the first copy of each message id and leave the others
+    /// (repeats, such as a copy a crash dead-lettered twice) in the
+    /// dead-letter queue; `false` (the default): move every copy.
+    pub skip_repeated: bool,
 }
 
 impl ReplayOptions {
@@ -91,6 +97,15 @@ impl ReplayOptions {
     /// At most `n` messages taken.
     pub fn limit(mut self, n: usize) -> Self {
         self.limit = Some(n);
+        self
+    }
+
+    /// Move one copy of each message id: a message whose id this replay
+    /// already moved is left in the dead-letter queue, in its place, and
+    /// counted in [`ReplayReport::repeats_left`]. Messages without an id are
+    /// all moved.
+    pub fn skip_repeated(mut self) -> Self {
+        self.skip_repeated = true;
         self
     }
 }
@@ -111,6 +126,10 @@ pub struct ReplayReport {
     /// Messages left in the dead-letter queue because their reason was not
     /// the one asked for.
     pub skipped: usize,
+    /// With [`ReplayOptions::skip_repeated`]: messages left in the
+    /// dead-letter queue because a copy with their message id was moved
+    /// before them.
+    pub repeats_left: usize,
     /// Moved messages per `x-acemq-reason` (`none` when a message had none:
     /// it reached the dead-letter queue through the broker's own
     /// dead-lettering).
@@ -133,6 +152,15 @@ impl fmt::Display for ReplayReport {
                 f,
                 "; {} left in {} (other reasons)",
                 self.skipped, self.from
+            )?;
+        }
+        if self.repeats_left > 0 {
+            write!(
+                f,
+                "; {} repeated message id{} left in {} (a copy of each was moved)",
+                self.repeats_left,
+                if self.repeats_left == 1 { "" } else { "s" },
+                self.from
             )?;
         }
         Ok(())
@@ -300,6 +328,7 @@ async fn run(
     budget: usize,
     report: &mut ReplayReport,
 ) -> Result<(), ReplayError> {
+    let mut moved_ids = std::collections::HashSet::new();
     for _ in 0..budget {
         let Some(delivery) = take(get, dlq, report).await? else {
             break;
@@ -311,6 +340,16 @@ async fn run(
                 report.skipped += 1;
                 continue;
             }
+        }
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string());
+        if options.skip_repeated && id.as_ref().is_some_and(|id| moved_ids.contains(id)) {
+            // A repeat: held unacknowledged, given back with the skipped.
+            report.repeats_left += 1;
+            continue;
         }
         if let Some(why) = publish_back(publish, queue, &delivery, headers).await {
             let _ = delivery
@@ -337,6 +376,9 @@ async fn run(
             });
         }
         report.moved += 1;
+        if let Some(id) = id {
+            moved_ids.insert(id);
+        }
         *report
             .moved_by_reason
             .entry(reason.unwrap_or_else(|| "none".to_owned()))
@@ -488,6 +530,21 @@ mod tests {
         assert_eq!(
             r.to_string(),
             "moved 2 from q.dlq to q (rejected: 2); 1 left in q.dlq (other reasons)"
+        );
+    }
+
+    #[test]
+    fn the_report_says_how_many_repeats_it_left() {
+        let r = ReplayReport {
+            from: "q.dlq".into(),
+            to: "q".into(),
+            moved: 2,
+            repeats_left: 3,
+            ..ReplayReport::default()
+        };
+        assert_eq!(
+            r.to_string(),
+            "moved 2 from q.dlq to q; 3 repeated message ids left in q.dlq (a copy of each was moved)"
         );
     }
 

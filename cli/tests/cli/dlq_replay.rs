@@ -151,3 +151,85 @@ async fn a_replay_killed_half_way_loses_nothing() {
     assert!(back.len() + left.len() <= N + 1, "at most one in both");
     eprintln!("killed after moving {} of {N}", back.len());
 }
+
+#[tokio::test]
+async fn peek_marks_repeated_message_ids_and_replay_can_move_one_copy_of_each() {
+    let q = unique("replay.repeats");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = Cleanup::queues(vec![q.clone(), dlq.clone()]);
+    let mut broker = Broker::new().await;
+    broker.declare(&q, table(vec![])).await;
+    broker.declare(&dlq, table(vec![])).await;
+    // b dead-lettered twice (a crash between the copy and the ack), a three times.
+    for (n, id) in ["a", "b", "a", "b", "c", "a"].iter().enumerate() {
+        broker
+            .publish(
+                &dlq,
+                format!("{id}{n}").as_bytes(),
+                dead_lettered(&q, "rejected", 1, id),
+            )
+            .await;
+    }
+
+    let peek = acemq(&["dlq", "peek", &q]).await;
+    assert_eq!(peek.code, Some(0), "{peek}");
+    for part in [
+        "#3 message id a, repeat of #1,",
+        "#4 message id b, repeat of #2,",
+        "#6 message id a, repeat of #1,",
+        "3 of them repeat the message id of an earlier one",
+    ] {
+        assert!(peek.stdout.contains(part), "{part:?} in\n{peek}");
+    }
+    assert!(!peek.stdout.contains("#1 message id a, repeat"), "{peek}");
+    let json = acemq(&["dlq", "peek", &q, "--json"]).await;
+    let v = json.json();
+    let marks: Vec<Option<i64>> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["repeat_of"].as_i64())
+        .collect();
+    assert_eq!(
+        marks,
+        [None, None, Some(1), Some(2), None, Some(1)],
+        "{json}"
+    );
+    assert_eq!(v["repeats"], 3);
+    assert!(broker.wait_ready(&dlq, 6, Duration::from_secs(5)).await);
+
+    let replay = acemq(&["dlq", "replay", &q, "--skip-repeated"]).await;
+    assert_eq!(replay.code, Some(0), "{replay}");
+    assert!(
+        replay.stdout.contains(&format!(
+            "moved 3 from {dlq} to {q} (rejected: 3); 3 repeated message ids left in {dlq}"
+        )),
+        "{replay}"
+    );
+    let moved: Vec<Vec<u8>> = broker
+        .drain(&q)
+        .await
+        .iter()
+        .map(|m| m.delivery.data.to_vec())
+        .collect();
+    assert_eq!(
+        moved,
+        [b"a0".to_vec(), b"b1".to_vec(), b"c4".to_vec()],
+        "the first copy of each"
+    );
+    assert!(
+        broker.wait_ready(&dlq, 3, Duration::from_secs(5)).await,
+        "the repeats stay in the dead-letter queue"
+    );
+    let left: Vec<Vec<u8>> = broker
+        .drain(&dlq)
+        .await
+        .iter()
+        .map(|m| m.delivery.data.to_vec())
+        .collect();
+    assert_eq!(
+        left,
+        [b"a2".to_vec(), b"b3".to_vec(), b"a5".to_vec()],
+        "in order"
+    );
+}
