@@ -69,6 +69,66 @@ impl Default for RelayConfig {
     }
 }
 
+/// One setter per field, for code outside this crate (the struct is
+/// `#[non_exhaustive]`, so it cannot be written as a literal there):
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::outbox::RelayConfig;
+///
+/// let relay = RelayConfig::new()
+///     .batch_size(500)
+///     .poll_interval(Duration::from_millis(50))
+///     .retention(Duration::from_secs(24 * 3600));
+/// assert_eq!(relay.batch_size, 500);
+/// assert_eq!(relay.publish_timeout, Duration::from_secs(30)); // the default
+/// ```
+impl RelayConfig {
+    /// Every field at its default.
+    pub fn new() -> Self {
+        RelayConfig::default()
+    }
+
+    /// `batch_size`: rows claimed and published per batch.
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// `poll_interval`: the wait after a short batch.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// `retry_initial` and `retry_max`: the first and the longest wait
+    /// after a failed batch.
+    pub fn retry(mut self, initial: Duration, max: Duration) -> Self {
+        self.retry_initial = initial;
+        self.retry_max = max;
+        self
+    }
+
+    /// `publish_timeout`: how long a batch waits
+    /// for its confirms.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// `retention`: how long sent rows are kept.
+    pub fn retention(mut self, keep: Duration) -> Self {
+        self.retention = keep;
+        self
+    }
+
+    /// `cleanup_interval`: how often cleanup runs.
+    pub fn cleanup_interval(mut self, every: Duration) -> Self {
+        self.cleanup_interval = every;
+        self
+    }
+}
+
 /// Publishes committed outbox rows with confirms and marks them; see the
 /// [module docs](super).
 ///
@@ -122,7 +182,7 @@ impl<P: OutboxPublish> Relay<P> {
 }
 
 /// The running relay. Dropping it stops the relay at its next step without
-/// waiting; [`stop`](Self::stop) waits.
+/// waiting; `stop` waits.
 ///
 /// Example: the [module docs](crate::outbox); runnable: `examples/outbox.rs`.
 #[must_use = "dropping the handle stops the relay"]

@@ -19,11 +19,38 @@ use crate::support::{addr, unique, wait_until, Broker, TestDb};
 const BOUND: Duration = Duration::from_secs(30);
 
 fn fast() -> RelayConfig {
-    let mut c = RelayConfig::default();
-    c.poll_interval = Duration::from_millis(20);
-    c.retry_initial = Duration::from_millis(50);
-    c.retry_max = Duration::from_millis(300);
-    c
+    RelayConfig::new()
+        .poll_interval(Duration::from_millis(20))
+        .retry(Duration::from_millis(50), Duration::from_millis(300))
+}
+
+#[test]
+fn a_relay_config_is_built_outside_the_crate_with_a_setter_per_field() {
+    let c = RelayConfig::new()
+        .batch_size(7)
+        .poll_interval(Duration::from_millis(1))
+        .retry(Duration::from_millis(2), Duration::from_millis(3))
+        .publish_timeout(Duration::from_millis(4))
+        .retention(Duration::from_millis(5))
+        .cleanup_interval(Duration::from_millis(6));
+    assert_eq!(c.batch_size, 7);
+    assert_eq!(
+        [
+            c.poll_interval,
+            c.retry_initial,
+            c.retry_max,
+            c.publish_timeout,
+            c.retention,
+            c.cleanup_interval
+        ],
+        [1, 2, 3, 4, 5, 6].map(Duration::from_millis)
+    );
+    let d = RelayConfig::new();
+    assert_eq!(
+        (d.batch_size, d.publish_timeout),
+        (200, Duration::from_secs(30)),
+        "new() is the defaults"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
