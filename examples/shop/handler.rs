@@ -26,6 +26,11 @@ struct Order {
     /// since the Unix epoch: a downstream outage that ends by itself.
     #[serde(default)]
     fail_until_ms: u64,
+    /// Every attempt is rejected (permanently: dead-lettered at once) until
+    /// this time, in milliseconds since the Unix epoch; handled after it.
+    /// A replay after that time succeeds.
+    #[serde(default)]
+    reject_until_ms: u64,
 }
 
 #[derive(Debug, Deserialize, PartialEq)]
@@ -112,6 +117,17 @@ async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
         None => {}
     }
     let now = now_ms();
+    if order.reject_until_ms > now {
+        stats.failed.fetch_add(1, Ordering::Relaxed);
+        info!(order = %order.id, attempt, outcome = "rejected", "rejected until reject_until_ms");
+        return Err(Reject::new(format!(
+            "order {} is rejected for {} ms more (until {} ms since the Unix epoch)",
+            order.id,
+            order.reject_until_ms - now,
+            order.reject_until_ms
+        ))
+        .into());
+    }
     if order.fail_until_ms > now {
         stats.failed.fetch_add(1, Ordering::Relaxed);
         info!(order = %Escaped(&order.id), attempt, outcome = "failed", "transient failure (simulated outage)");

@@ -36,6 +36,11 @@
 //! curl -X POST -H "Authorization: Bearer $ACEMQ_ADMIN_TOKEN" 127.0.0.1:8080/queues/shop.orders/pause
 //! ```
 //!
+//! The same address serves the operator's console at `/console/` (log in
+//! with that token): the queues with pause and resume, the dead letters of
+//! every queue with `dead_letter: true` by reason and error, each message,
+//! replay and purge.
+//!
 //! It answers through the drain —
 //! `/readyz` is 503 from the drain's first step — and stops once the drain
 //! has ended (`Health::drained`), so a probe never finds the port closed
@@ -51,9 +56,11 @@
 //!
 //! `AMQP_ADDR` selects the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //! An order is a JSON body:
-//! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic", "fail_until_ms": 0}`
+//! `{"id": "o-1", "work_ms": 0, "ignore_cancel": false, "fail_attempts": 0, "fail": "permanent" | "panic", "fail_until_ms": 0, "reject_until_ms": 0}`
 //! (`fail_until_ms`: every attempt fails, transiently, until that time in
-//! milliseconds since the Unix epoch).
+//! milliseconds since the Unix epoch; `reject_until_ms`: every attempt is
+//! rejected, so the order is dead-lettered as `rejected`, until that time,
+//! and handled after it, as when it is replayed then).
 //! Exit codes: 0 clean stop, 75 drain deadline expired, 78 bad config,
 //! 69 broker unreachable.
 //!
@@ -307,6 +314,12 @@ async fn shop() -> ExitCode {
     } else {
         args.queues.clone()
     };
+    // The console reads the dead-letter queues from the broker the app
+    // connects to (AMQP_ADDR, else the config's addresses, else the default).
+    let console = acemq::admin::ConsoleConfig::new(
+        &config,
+        acemq::connection::resolve_addresses(None, &config.addresses).join(","),
+    );
     let stats = Arc::new(Stats::default());
     let mut app = App::new(config).connection_name(connection_name());
     for queue in &queues {
@@ -328,10 +341,11 @@ async fn shop() -> ExitCode {
         let router = acemq::admin::AdminRouter::new(health.clone())
             .token_opt(admin_token)
             .metrics(move || prometheus.as_ref().map(|p| p.render()).unwrap_or_default())
+            .console(console)
             .build();
         match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
-                info!(%addr, "serving /healthz, /readyz, /metrics and /queues (POST /queues/{{name}}/pause, /resume)");
+                info!(%addr, "serving /healthz, /readyz, /metrics, /queues (POST /queues/{{name}}/pause, /resume) and the console at /console/");
                 admin = Some(tokio::spawn(acemq::admin::serve(
                     listener,
                     router,

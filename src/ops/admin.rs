@@ -162,6 +162,8 @@
 //! answers as soon as the consumers exist.
 
 mod auth;
+#[cfg(feature = "console")]
+mod console;
 mod serve;
 
 use std::net::SocketAddr;
@@ -177,6 +179,8 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 pub use auth::{AdminToken, BadToken, FromEnvError, MIN_TOKEN_LEN, TOKEN_ENV};
+#[cfg(feature = "console")]
+pub use console::ConsoleConfig;
 pub use serve::{serve, Server};
 
 use crate::app::health::{Health, HealthSnapshot, QueueSnapshot, UnknownQueue};
@@ -208,6 +212,8 @@ pub struct AdminRouter {
     health: Health,
     token: Option<AdminToken>,
     metrics: Option<Render>,
+    #[cfg(feature = "console")]
+    console: Option<ConsoleConfig>,
 }
 
 impl std::fmt::Debug for AdminRouter {
@@ -216,7 +222,7 @@ impl std::fmt::Debug for AdminRouter {
             .field("health", &self.health)
             .field("token", &self.token)
             .field("metrics", &self.metrics.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -227,6 +233,8 @@ impl AdminRouter {
             health,
             token: None,
             metrics: None,
+            #[cfg(feature = "console")]
+            console: None,
         }
     }
 
@@ -254,6 +262,15 @@ impl AdminRouter {
         F: Fn() -> String + Send + Sync + 'static,
     {
         self.metrics = Some(Arc::new(render));
+        self
+    }
+
+    /// Adds the operator's console under `/console/` (feature `console`;
+    /// see [`ConsoleConfig`]): pages behind the [`token`](Self::token),
+    /// which a login form exchanges for a session cookie.
+    #[cfg(feature = "console")]
+    pub fn console(mut self, console: ConsoleConfig) -> Self {
+        self.console = Some(console);
         self
     }
 
@@ -293,6 +310,11 @@ impl AdminRouter {
                     }
                 }),
             );
+        }
+        #[cfg(feature = "console")]
+        if let Some(console) = self.console {
+            let pages = console::routes(admin.health.clone(), admin.token.clone(), console);
+            return router.with_state(admin).merge(pages);
         }
         router.with_state(admin)
     }

@@ -23,6 +23,8 @@ mod broker_cancel;
 mod coalesce;
 mod config_load;
 mod confirming;
+#[cfg(feature = "console")]
+mod console;
 mod dead_letter;
 mod delay;
 mod delivery_limit;
