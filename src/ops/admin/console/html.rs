@@ -30,6 +30,7 @@ a[aria-current="page"] { font-weight: 700; text-decoration: none; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.25rem; margin-top: 2rem; } h3 { font-size: 1.05rem; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
+caption { text-align: left; }
 th, td { text-align: left; padding: 0.3rem 0.7rem; border-bottom: 1px solid var(--line); vertical-align: top; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9rem; overflow-wrap: anywhere; }

@@ -188,12 +188,12 @@ pub(crate) fn dead_letter_section(
     let n = read.messages.len();
     let _ = write!(
         b,
-        "<p>{} message{} ready. The counts below are of the first {n} read{} (each given back \
-         to the queue, in order).</p>",
+        "<p>{} message{} ready. Counted from the {n} read{} (each given back to the queue, in \
+         order).</p>",
         read.held,
         if read.held == 1 { "" } else { "s" },
         if n < read.held as usize {
-            format!(" — at most {limit} are read")
+            format!(" first: at most {limit} are read")
         } else {
             String::new()
         }
