@@ -18,8 +18,31 @@ use crate::config::Config;
 use crate::connection::redact;
 use crate::ops::admin::auth::{self, AdminToken};
 
-/// What the console needs beyond the admin router's [`Health`]: the
-/// queues whose dead letters it shows and the broker to read them from.
+/// What the operator's console needs beyond the admin router's
+/// [`Health`]: the queues whose dead letters it shows and the broker to
+/// read them from. [`AdminRouter::console`](crate::admin::AdminRouter::console)
+/// adds its pages (feature `console`):
+///
+/// | page | what |
+/// |---|---|
+/// | `GET /console/` | each queue's state, circuit, in flight, held, handled, retried, dead-lettered; pause and resume |
+/// | `GET /console/dead-letters` | each `.dlq` of the config: counts by reason and by error (digits grouped), the oldest and newest, repeated message ids, the first messages |
+/// | `GET /console/dead-letters/{queue}/messages/{n}` | the `n`th message: headers, reason, error, attempts, first-seen queue and exchange, body preview |
+/// | `GET`, `POST /console/dead-letters/{queue}/replay` | the confirmation (`?reason=R` or all), then the replay ([`replay_dead_letters`](crate::replay::replay_dead_letters)) |
+/// | `GET`, `POST /console/dead-letters/{queue}/purge` | the confirmation, then the purge |
+///
+/// Counting reads: the first [`read_limit`](Self::read_limit) messages of
+/// each dead-letter queue are taken with `basic.get` and given back in
+/// order as their channel closes, never acknowledged.
+///
+/// With no admin token configured every page says how to turn the console
+/// on (`403`); without a session a page is the login form alone (`401`),
+/// whose token `POST /console/login` exchanges for a random session id in
+/// an `HttpOnly`, `SameSite=Strict`, `Path=/console` cookie. Every action
+/// is a `POST`, refused when its `Origin` (else `Referer`) names another
+/// host, also accepted with `Authorization: Bearer`, and logged. No
+/// script, no asset from outside the binary, a strict
+/// `Content-Security-Policy`; everything from a message is escaped.
 ///
 /// ```
 /// use acemq::admin::{AdminRouter, AdminToken, ConsoleConfig};
