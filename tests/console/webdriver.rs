@@ -291,6 +291,27 @@ impl Browser {
 
     pub async fn quit(self) {
         let _ = self.cmd("DELETE", "", None).await;
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Browser {
+    /// A test that fails before [`Browser::quit`] still ends its session,
+    /// so chromedriver closes its Chromium (killing chromedriver alone
+    /// would leave it running): one blocking `DELETE /session/{id}`.
+    fn drop(&mut self) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.addr) else {
+            return;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let req = format!(
+            "DELETE {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            self.base, self.addr
+        );
+        if s.write_all(req.as_bytes()).is_ok() {
+            let _ = s.read(&mut [0u8; 1024]);
+        }
     }
 }
 
