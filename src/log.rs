@@ -11,8 +11,9 @@
 //! Nothing is lost to the reader: acemq reports each of those once itself —
 //! a lost connection at WARN with lapin's error and that it reconnects, a
 //! channel the broker closed at WARN with its reply code and text, a failed
-//! start at ERROR with its one-line reason (also written to stderr by
-//! [`app::start_failed`](crate::app::start_failed)), an unroutable publish
+//! start at ERROR with its one-line reason (written to stderr instead when
+//! no subscriber records it: [`app::start_failed`](crate::app::start_failed)),
+//! an unroutable publish
 //! as [`PublishError::Unroutable`](crate::PublishError::Unroutable) — and
 //! never a message body.
 //!

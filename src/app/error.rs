@@ -66,9 +66,11 @@ impl StartError {
     }
 }
 
-/// Logs a start failure, prints its one-line reason on stderr and returns
-/// its exit code (78 config, 69 broker unreachable, 0 for a stop signal
-/// during start-up).
+/// Tells a start failure once and returns its exit code (78 config, 69
+/// broker unreachable, 0 for a stop signal during start-up): as an ERROR
+/// event when a tracing subscriber records acemq's errors, otherwise as the
+/// one line `acemq: <reason>` on stderr — never both, so a service that
+/// logs to stderr does not show the reason twice.
 ///
 /// Example: the [`app` module](crate::app)'s `main`; the whole service is `examples/shop/main.rs`.
 pub fn start_failed(e: &StartError) -> ExitCode {
@@ -79,9 +81,13 @@ pub fn start_failed(e: &StartError) -> ExitCode {
         );
         return ExitCode::from(EXIT_OK);
     }
-    error!("{e}");
-    eprintln!("acemq: {e}");
-    ExitCode::from(e.exit_code())
+    let code = e.exit_code();
+    if tracing::enabled!(tracing::Level::ERROR) {
+        error!(exit_code = code, "{e}");
+    } else {
+        eprintln!("acemq: {e}");
+    }
+    ExitCode::from(code)
 }
 
 #[cfg(test)]

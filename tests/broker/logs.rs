@@ -2,7 +2,7 @@
 //! default filter (`acemq::log::DEFAULT_FILTER`, `RUST_LOG` unset): a
 //! handled delivery's line is short and names what a person looks for; a
 //! lost connection is told once, at WARN, with none of lapin's own ERROR
-//! events; a failed start ends stderr with acemq's one-line reason.
+//! events; a failed start ends stderr with acemq's reason, told once.
 
 use std::time::Duration;
 
@@ -153,11 +153,17 @@ async fn a_failed_start_ends_stderr_with_acemqs_one_line_reason_and_no_lapin_lin
         let status = shop.exit_within(SECS(20)).await;
         let stderr = shop.stderr();
         assert_eq!(status.code(), Some(code), "{addr}: stderr:\n{stderr}");
+        // Told once: the shop logs, so as its ERROR line, the last one.
         let last = stderr.lines().last().unwrap_or_default();
         assert!(
-            last.starts_with("acemq: ") && last.contains(reason),
+            last.contains(" ERROR ") && last.contains(reason),
             "{addr}: the last line is acemq's reason; stderr:\n{stderr}"
         );
+        let told = stderr
+            .lines()
+            .filter(|l| l.contains(reason) && (l.contains(" ERROR ") || l.starts_with("acemq: ")))
+            .count();
+        assert_eq!(told, 1, "{addr}: the reason told once; stderr:\n{stderr}");
         let lapin: Vec<&str> = stderr.lines().filter(|l| l.contains("lapin")).collect();
         assert!(lapin.is_empty(), "{addr}: lapin's lines:\n{lapin:#?}");
     }
@@ -190,7 +196,7 @@ async fn failed_start_raw_stderr(q: &str) -> (Option<i32>, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_written_to_a_pipe_carries_no_colour_codes() {
+async fn a_log_written_to_a_pipe_carries_no_colour_codes_and_a_failed_start_is_told_once() {
     let (code, stderr) = failed_start_raw_stderr(&unique("logs-colour")).await;
     assert_eq!(code, Some(69), "stderr:\n{stderr}");
     assert!(stderr.contains("ERROR"), "stderr:\n{stderr}");
@@ -198,4 +204,9 @@ async fn a_log_written_to_a_pipe_carries_no_colour_codes() {
         !stderr.contains('\x1b'),
         "ANSI escapes in a log written to a pipe:\n{stderr:?}"
     );
+    let told = stderr
+        .lines()
+        .filter(|l| l.contains("is RabbitMQ running there"))
+        .count();
+    assert_eq!(told, 1, "the reason told once:\n{stderr}");
 }
