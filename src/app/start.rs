@@ -78,6 +78,9 @@ impl App {
         let declared = apply_policies_and_validate(&mut config, policies, &starters)?;
         crate::batch::validate(&config, &batches)?;
         warn_if_drain_outlasts_host(&config);
+        if let Some(w) = config.dropped_rejects_warning() {
+            warn!("{w}");
+        }
         let plan = Plan::new(config, declared, addr, name, factory)?;
         tokio::pin!(stop);
         let started = connect_until(&plan, &health, stop.as_mut()).await?;

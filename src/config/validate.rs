@@ -147,6 +147,34 @@ impl Config {
              mid-flight; {fix}"
         ))
     }
+
+    /// A one-line warning naming every consumed queue whose rejected
+    /// messages the broker drops: `dead_letter` off and no
+    /// `x-dead-letter-exchange` of its own (a passive queue's arguments are
+    /// not known here: it is left out). `None` when there is none. Log it at
+    /// start.
+    pub fn dropped_rejects_warning(&self) -> Option<String> {
+        let dropping: Vec<&str> = self
+            .queues
+            .iter()
+            .filter(|q| {
+                q.consume
+                    && !q.dead_letter
+                    && !q.passive
+                    && !q.arguments.contains_key("x-dead-letter-exchange")
+            })
+            .map(|q| q.name.as_str())
+            .collect();
+        if dropping.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "dead_letter is off for {}: a message its handler rejects, or whose retries run \
+             out, is dropped by the broker, with only a WARN naming its message id; set \
+             dead_letter: true to keep it in <queue>.dlq with its reason",
+            dropping.join(", ")
+        ))
+    }
 }
 
 impl QueueConfig {
@@ -299,6 +327,22 @@ mod tests {
 
     use crate::config::test_support::{assert_invalid, one_queue};
     use crate::config::*;
+
+    #[test]
+    fn the_queues_whose_rejects_the_broker_drops_are_named_in_one_warning() {
+        let yaml = "queues:\n  - { name: plain }\n  - { name: kept, dead_letter: true }\n  \
+                    - { name: own, arguments: { x-dead-letter-exchange: dlx } }\n  \
+                    - { name: also }\n  - { name: elsewhere, passive: true }\n  \
+                    - { name: unconsumed, consume: false }\n";
+        let config = Config::from_yaml_str(yaml).unwrap();
+        let warning = config.dropped_rejects_warning().expect("a warning");
+        assert!(
+            warning.starts_with("dead_letter is off for plain, also: "),
+            "{warning}"
+        );
+        let kept = Config::from_yaml_str(&one_queue("{ name: q, dead_letter: true }")).unwrap();
+        assert_eq!(kept.dropped_rejects_warning(), None);
+    }
 
     #[test]
     fn a_prefetch_of_zero_is_rejected_naming_the_field_and_the_fix() {

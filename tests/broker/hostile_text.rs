@@ -1,7 +1,8 @@
 //! Text a publisher controls, in the log lines a person reads: a handler's
 //! error that quotes a hostile message, through tracing-subscriber's text
 //! format (what the examples write), is a field, escaped; it forges no line
-//! and sends no escape to the terminal.
+//! and sends no escape to the terminal. A queue whose rejects the broker
+//! drops is named at start, and each drop names the message id.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -110,5 +111,9 @@ async fn a_retried_then_dropped_message_is_logged_with_its_error_escaped_and_its
         drop.contains(r#"message_id="m-\u{1b}]0;owned\u{7}""#),
         "the drop names the message id: {drop}"
     );
-    assert!(drop.contains(shown), "the drop names the error: {drop}");
+    assert!(drop.contains(shown), "the drop names the error: {drop}"); // Named at start, before any message: one WARN.
+    let named = format!("dead_letter is off for {q}: ");
+    let start: Vec<&str> = logs.lines().filter(|l| l.contains(&named)).collect();
+    assert_eq!(start.len(), 1, "{logs}");
+    assert!(start[0].contains(" WARN "), "{}", start[0]);
 }

@@ -68,6 +68,14 @@ async fn a_handled_delivery_is_one_short_line_naming_queue_tag_message_id_attemp
         "OpenTelemetry attributes in a log line: {line}"
     );
     assert!(as_shop <= MAX_LINE, "{as_shop} characters: {line}");
+    // The queue has no dead_letter: start says so, naming it.
+    let dropped = format!("dead_letter is off for {q}: ");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains(&dropped)),
+        "no start warning naming {q}; stderr:\n{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
