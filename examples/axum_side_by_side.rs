@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use acemq::layers::Escaped;
 use acemq::{App, Config, Delivery, Reject};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -97,7 +98,7 @@ impl Service<(Order, acemq::Cancellation)> for OrderService {
                 () = token.cancelled() => return Err("cancelled".into()),
             }
             handled.fetch_add(1, Ordering::Relaxed);
-            info!(order = %order.id, "order handled");
+            info!(order = %Escaped(&order.id), "order handled");
             Ok(())
         })
     }

@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use acemq::inbox::{PgInbox, PgTransaction};
 use acemq::layers::inbox::{InboxLayer, InboxOutcome};
+use acemq::layers::Escaped;
 use acemq::outbox::{
     self, Outbox, OutboxMessage, OutboxPublish, OutboxRecord, Relay, StandalonePublisher,
 };
@@ -183,7 +184,7 @@ async fn create_order(
         .message_id(format!("order-{}-created", order.id));
     let message_id = Outbox::enqueue(&tx, &message).await.map_err(|e| fail(&e))?;
     tx.commit().await.map_err(|e| fail(&e))?;
-    info!(order = %order.id, %message_id, "order created");
+    info!(order = %Escaped(&order.id), message_id = %Escaped(&message_id), "order created");
     Ok((
         StatusCode::CREATED,
         Json(serde_json::json!({ "id": order.id, "message_id": message_id })),
@@ -228,7 +229,7 @@ async fn ship(delivery: Delivery) -> Result<(), BoxError> {
             .kind("order.shipped")
             .message_id(format!("order-{}-shipped", order.id));
     client.enqueue(&shipped).await?;
-    println!("shipped {} {message_id}", order.id);
+    println!("shipped {} {}", Escaped(&order.id), Escaped(&message_id));
     Ok(())
 }
 

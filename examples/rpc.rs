@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use acemq::config::QueueConfig;
 use acemq::connection::amqp_addr_from_env;
+use acemq::layers::escape;
 use acemq::rpc::{RpcClient, RpcRequest};
 use acemq::{App, BoxError, Config, Delivery};
 use futures::StreamExt;
@@ -113,11 +114,13 @@ async fn call(n: usize) -> ExitCode {
                 );
                 match async { client.ready().await?.call(request).await }.await {
                     Ok(reply) => {
-                        println!("{i}: {}", String::from_utf8_lossy(reply.body()));
+                        // The server's words: shown escaped.
+                        let body = String::from_utf8_lossy(reply.body());
+                        println!("{i}: {}", escape(&body));
                         0
                     }
                     Err(e) => {
-                        eprintln!("{i}: {e}");
+                        eprintln!("{i}: {}", escape(&e.to_string()));
                         1
                     }
                 }
