@@ -31,16 +31,36 @@
 //!   [`delay`]), and what the layers publish through it;
 //! - [`rpc`]: request/reply, built on the publisher (it adds
 //!   `Publisher::rpc_client`; the publisher knows nothing of it);
-//! - with `postgres`, the [`outbox`] (it publishes through the publisher)
-//!   and the [`inbox`];
+#![cfg_attr(
+    feature = "postgres",
+    doc = "- with `postgres`, the [`outbox`] (it publishes through the publisher)\n  and the [`inbox`];"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "- with `postgres`, the `outbox` (it publishes through the publisher)\n  and the `inbox` (not in this build);"
+)]
 //! - [`settle`]: the settle ledger, the one writer of settle frames, and the
 //!   public [`Settler`];
 //! - `consumer`: one generation's consumer loop and its counters;
 //! - [`stack`] (the layers around a handler) and [`batch`];
 //! - [`app`]: the runner — the builder, start-up, the supervisor, the
 //!   [`drain`], [`health`], signals and exit codes;
-//! - `ops`: what operators reach for — the [`admin`] router, [`replay`];
-//! - [`testing`]: the in-memory harness of the exact stack `App` builds.
+#![cfg_attr(
+    feature = "axum",
+    doc = "- `ops`: what operators reach for — the [`admin`] router, [`replay`];"
+)]
+#![cfg_attr(
+    not(feature = "axum"),
+    doc = "- `ops`: what operators reach for — the `admin` router (with `axum`), [`replay`];"
+)]
+#![cfg_attr(
+    feature = "test-util",
+    doc = "- [`testing`]: the in-memory harness of the exact stack `App` builds."
+)]
+#![cfg_attr(
+    not(feature = "test-util"),
+    doc = "- `testing` (with `test-util`): the in-memory harness of the exact stack `App` builds."
+)]
 //!
 //! Start with the README's quickstart (compiled as a doctest) and the
 //! service in `examples/shop/main.rs`; every public item's docs carry an
