@@ -148,8 +148,15 @@ pub struct QueueSnapshot {
     pub held: usize,
     /// Deliveries handed back to the broker unhandled so far.
     pub handed_back: usize,
-    /// Handlers finished so far.
+    /// Trips through the handler's stack finished so far, whatever their
+    /// outcome: a delivery that goes through a retry rung and then succeeds
+    /// counts twice, one dead-lettered counts too.
     pub handled: usize,
+    /// Deliveries acknowledged as done so far: the handler returned `Ok`
+    /// (`Verdict::Ack`). Rung hops, dead letters and hand-backs are not
+    /// counted; a duplicate the inbox acknowledged without calling the
+    /// handler is (and in `inbox_duplicates` too).
+    pub completed: usize,
     /// Deliveries sent to a retry rung so far.
     pub retried: usize,
     /// Deliveries dead-lettered so far.
@@ -358,6 +365,7 @@ impl Health {
                 held: q.gate.held() + q.stats.batcher.get().map_or(0, |b| b.held()),
                 handed_back: q.stats.handed_back.load(Ordering::Relaxed),
                 handled: q.stats.handled.load(Ordering::Relaxed),
+                completed: q.stats.completed.load(Ordering::Relaxed),
                 retried: q.stats.retried.load(Ordering::Relaxed),
                 dead_lettered: q.stats.dead_lettered.load(Ordering::Relaxed),
                 consuming: !q.stats.down.load(Ordering::Acquire) && !self.is_draining(),

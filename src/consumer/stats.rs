@@ -25,6 +25,8 @@ pub(crate) struct QueueStats {
     pub(crate) finished_during_drain: AtomicUsize,
     /// Handlers finished in all.
     pub(crate) handled: AtomicUsize,
+    /// Handlers finished with an acknowledgement (`Decision::Ack`).
+    pub(crate) completed: AtomicUsize,
     /// Deliveries retried (in the broker).
     pub(crate) retried: AtomicUsize,
     /// Deliveries dead-lettered.
@@ -122,7 +124,10 @@ pub(super) fn record(
         stats.finished_during_drain.fetch_add(1, Ordering::Relaxed);
     }
     match decision {
-        Decision::Ack => outcomes.ack.increment(1),
+        Decision::Ack => {
+            stats.completed.fetch_add(1, Ordering::Relaxed);
+            outcomes.ack.increment(1)
+        }
         Decision::Retry(_) => {
             stats.retried.fetch_add(1, Ordering::Relaxed);
             outcomes.retry.increment(1)

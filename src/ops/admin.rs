@@ -105,7 +105,7 @@
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process lives (liveness) |
 //! | `GET /readyz` | `200` when ready, else `503`; the body is the [`HealthSnapshot`] as JSON |
-//! | `GET /queues` | every queue's [`QueueSnapshot`], as a JSON array in config order |
+//! | `GET /queues` | every queue's [`QueueSnapshot`], as a JSON array in config order: `handled` counts every trip through the handler (a rung hop and a dead letter included), `completed` only the deliveries acknowledged as done |
 //! | `GET /queues/{name}` | that queue's snapshot |
 //! | `POST /queues/{name}/pause` | token; pauses it; the body is its new snapshot (`"paused": true`); `409` once the drain has begun |
 //! | `POST /queues/{name}/resume` | token; resumes it (and closes an open or half-open circuit: an override until the breaker trips again); the body is its new snapshot |

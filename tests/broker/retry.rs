@@ -68,6 +68,19 @@ async fn a_handler_failing_twice_waits_in_process_then_on_the_rung_and_succeeds_
         "the delivery was handled: {:?}",
         calls.lock().unwrap()
     );
+    let snap = &health.snapshot().queues[0];
+    assert_eq!(
+        (snap.handled, snap.completed, snap.retried),
+        (2, 1, 1),
+        "handled counts the rung hop, completed only the one success"
+    );
+    // `/queues` serialises this snapshot.
+    let json = serde_json::to_value(snap).expect("a snapshot is JSON");
+    assert_eq!(
+        (&json["handled"], &json["completed"]),
+        (&2.into(), &1.into()),
+        "{json}"
+    );
     let snapshot = health.snapshot();
     let report = running.drain().await.expect("clean drain");
 
