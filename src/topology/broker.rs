@@ -227,6 +227,32 @@ impl Topology {
     }
 }
 
+/// Whether the broker says queue `name` does not exist (a passive declare
+/// answered 404, on a channel of its own); any other answer is `false`.
+async fn is_missing(conn: &Connection, name: &str) -> bool {
+    let Ok(channel) = conn.create_channel().await else {
+        return false;
+    };
+    let res = channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match res {
+        Ok(_) => {
+            let _ = close_channel(&channel, "OK").await;
+            false
+        }
+        // The broker closed the channel with its refusal.
+        Err(e) => reply(&e).is_some_and(|(code, _)| code == NOT_FOUND),
+    }
+}
+
 impl Topology {
     /// Declares again what belongs to queue `q` (after the broker deleted
     /// it): the exchanges it is bound to, the queue, its dead-letter queue
@@ -247,7 +273,24 @@ impl Topology {
         }
         for d in self.decls() {
             if d.name == q || d.name == dlq || d.name.starts_with(&rungs) {
+                // Looked for first, so that one coming back is said: a
+                // deleted dead-letter queue or rung lost what it held.
+                let was_missing = !d.passive && is_missing(conn, &d.name).await;
                 declare_one(conn, d).await?;
+                if was_missing {
+                    let role = if d.name == q {
+                        "queue"
+                    } else if d.name == dlq {
+                        "dead-letter queue"
+                    } else {
+                        "retry rung"
+                    };
+                    tracing::warn!(
+                        queue = d.name.as_str(),
+                        consumed = q,
+                        "{role} declared again: it was missing (deleted?), and the messages it held are gone"
+                    );
+                }
             }
         }
         for b in bindings {

@@ -44,6 +44,7 @@ mod process;
 mod proxy;
 mod publish_options;
 mod recovery;
+mod redeclared;
 mod reliability;
 mod replay;
 mod retry;

@@ -91,7 +91,12 @@ async fn watch_events(
                     info!(connection = role.as_str(), "the broker unblocked this connection");
                 }
                 Some(Event::Error(e)) => {
-                    if connection.status().connected() {
+                    if connection.status().connected() && is_not_found(&e) {
+                        // A channel's 404: the call that met it reports it
+                        // (a consume, a declare, the look for a deleted
+                        // queue before it is declared again).
+                        tracing::debug!(connection = role.as_str(), "a channel was refused: {e}");
+                    } else if connection.status().connected() {
                         warn!(connection = role.as_str(), "connection error: {e}");
                     } else {
                         // The loss: told once, with this error, by `supervise`.
@@ -105,6 +110,15 @@ async fn watch_events(
                 }
             },
         }
+    }
+}
+
+/// A channel closed by the broker with 404 NOT_FOUND (the connection
+/// stays open).
+fn is_not_found(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => amqp.get_id() == 404,
+        _ => false,
     }
 }
 
