@@ -97,8 +97,12 @@ impl App {
 
     /// Runs the transactional outbox's relay (feature `postgres`) on this
     /// runner's publishing connection: it starts once the topology is
-    /// declared and stops first in the drain (before the consumers), leaving
-    /// rows it has not published for the next start.
+    /// declared, and in the drain, once the handlers have finished, it
+    /// publishes what they committed ([`RelayHandle::finish`]) within the
+    /// drain's deadline, then stops; rows it has not published by then wait
+    /// for the next start.
+    ///
+    /// [`RelayHandle::finish`]: crate::outbox::RelayHandle::finish
     #[cfg(feature = "postgres")]
     pub fn outbox(
         mut self,
@@ -111,8 +115,11 @@ impl App {
                 .spawn();
             Box::new(move || {
                 Box::pin(async move {
-                    let stats = handle.stop().await;
-                    tracing::info!(?stats, "outbox relay stopped before the drain");
+                    let stats = handle.finish().await;
+                    tracing::info!(
+                        ?stats,
+                        "outbox relay finished: what the handlers committed is published"
+                    );
                 }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
             }) as crate::app::drain::Background
         }));

@@ -61,11 +61,12 @@
 //! ([`InboxClient::enqueue`](crate::inbox::InboxClient::enqueue)): the
 //! message commits with the handler's work and the inbox's mark.
 //!
-//! Without an `App`, start the relay after the topology is declared; stop
-//! it before the consumers drain (publishers first, DESIGN.md): [`RelayHandle::stop`]
-//! lets the batch publishing finish, releases the one claimed behind it, and
-//! leaves what it did not mark pending for the next start — nothing is lost
-//! either way.
+//! Without an `App`, start the relay after the topology is declared; once
+//! the code that enqueues has stopped (the consumers drained),
+//! [`RelayHandle::finish`] publishes what was committed and stops;
+//! [`RelayHandle::stop`] stops at once: it lets the batch publishing finish,
+//! releases the one claimed behind it, and leaves what it did not mark
+//! pending for the next start — nothing is lost either way.
 //!
 //! ```no_run
 //! use acemq::outbox::{self, Outbox, OutboxMessage, Relay, StandalonePublisher};
@@ -85,7 +86,7 @@
 //! Outbox::enqueue(&tx, &OutboxMessage::new("shop", "order.created", "o-1")).await?;
 //! tx.commit().await?;
 //!
-//! relay.stop().await; // before the consumers drain
+//! relay.finish().await; // publishes what was committed, then stops
 //! # Ok(()) }
 //! ```
 

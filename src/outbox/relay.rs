@@ -171,10 +171,16 @@ impl<P: OutboxPublish> Relay<P> {
     /// [`RelayHandle::stop`] before the consumers drain.
     pub fn spawn(self) -> RelayHandle {
         let stop = CancellationToken::new();
+        let finish = CancellationToken::new();
         let stats = Arc::new(Stats::default());
-        let task = tokio::spawn(run(self, stop.clone(), stats.clone()));
+        let signals = Signals {
+            stop: stop.clone(),
+            finish: finish.clone(),
+        };
+        let task = tokio::spawn(run(self, signals, stats.clone()));
         RelayHandle {
             stop,
+            finish,
             stats,
             task: Some(task),
         }
@@ -188,6 +194,7 @@ impl<P: OutboxPublish> Relay<P> {
 #[must_use = "dropping the handle stops the relay"]
 pub struct RelayHandle {
     stop: CancellationToken,
+    finish: CancellationToken,
     stats: Arc<Stats>,
     task: Option<JoinHandle<()>>,
 }
@@ -223,8 +230,31 @@ impl RelayHandle {
     ///
     /// Dropping the future before it resolves still stops the relay (the
     /// signal is sent at the first poll); only the wait is lost.
-    pub async fn stop(mut self) -> RelayStats {
+    pub async fn stop(self) -> RelayStats {
         self.stop.cancel();
+        self.end().await
+    }
+
+    /// Publishes every row committed before this call, then stops: batches
+    /// are claimed one after another, without the poll interval, until a
+    /// claim that began after the call finds less than a full batch and
+    /// every batch has been published and marked (a failed batch is tried
+    /// again after its backoff). Resolves when the relay task has ended;
+    /// returns the final counters. `App`'s drain calls it once the handlers
+    /// have finished, within the drain's deadline.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future before it resolves stops the relay as
+    /// [`stop`](Self::stop) does: rows not yet published stay pending for
+    /// the next start.
+    pub async fn finish(self) -> RelayStats {
+        self.finish.cancel();
+        self.end().await
+    }
+
+    /// Waits for the relay task, then logs and returns the counters.
+    async fn end(mut self) -> RelayStats {
         if let Some(task) = self.task.take() {
             if let Err(e) = task.await {
                 if e.is_panic() {
@@ -255,7 +285,15 @@ impl Drop for RelayHandle {
 /// marked — what a relay killed mid-way publishes a second time.
 const PIPELINE: usize = 3;
 
-async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: Arc<Stats>) {
+/// What ends the relay: `stop` at its next step, `finish` once every row
+/// committed before it is published.
+struct Signals {
+    stop: CancellationToken,
+    finish: CancellationToken,
+}
+
+async fn run<P: OutboxPublish>(relay: Relay<P>, signals: Signals, stats: Arc<Stats>) {
+    let Signals { stop, finish } = signals;
     let Relay {
         pool,
         publisher,
@@ -276,7 +314,20 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
     let mut next_claim = Instant::now();
     let mut next_cleanup = Instant::now();
     let mut cleanup: Option<BoxFuture<'_, Result<u64, OutboxError>>> = None;
+    // Finishing: the claim under way began after `finish`; and one such
+    // claim found less than a full batch, with no batch failing since.
+    let mut finishing = false;
+    let mut claim_after_finish = false;
+    let mut drained = false;
     loop {
+        if !finishing && finish.is_cancelled() {
+            finishing = true;
+            cleanup = None;
+            next_claim = Instant::now();
+        }
+        if finishing && drained && running.is_empty() {
+            break;
+        }
         let stopping = stop.is_cancelled();
         if stopping {
             // What cleanup was doing is done again next time.
@@ -286,11 +337,12 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
             }
         }
         let now = Instant::now();
-        if !stopping && cleanup.is_none() && now >= next_cleanup {
+        if !stopping && !finishing && cleanup.is_none() && now >= next_cleanup {
             next_cleanup = now + config.cleanup_interval;
             cleanup = Some(Box::pin(batch::cleanup(&pool, config.retention)));
         }
-        if !stopping && claiming.is_none() && running.len() < PIPELINE && now >= next_claim {
+        let done = stopping || (finishing && drained);
+        if !done && claiming.is_none() && running.len() < PIPELINE && now >= next_claim {
             let (claimed, claimed_rx) = oneshot::channel();
             let (published, published_rx) = oneshot::channel();
             let (ended, ended_rx) = oneshot::channel();
@@ -317,6 +369,7 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
                 turn,
             ));
             claiming = Some(claimed_rx);
+            claim_after_finish = finishing;
             continue;
         }
         // The next claim's time counts only while a batch may start.
@@ -329,6 +382,8 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
             Some(result) = running.next(), if !running.is_empty() => {
                 if let Some(wait) = settle(result, &mut backoff, &stats) {
                     next_claim = next_claim.max(Instant::now() + wait);
+                    // Its rows are pending again: claim them once more.
+                    drained = false;
                 }
             }
             claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
@@ -336,7 +391,10 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
                 // A full batch: the next one may claim at once. Fewer rows
                 // (or none, or a failed claim): look again after the poll
                 // interval (a failure's backoff comes with its result).
-                if !matches!(claimed, Ok(n) if n as i64 >= limit) {
+                let short = matches!(claimed, Ok(n) if (n as i64) < limit);
+                if claim_after_finish && short {
+                    drained = true;
+                } else if !matches!(claimed, Ok(n) if n as i64 >= limit) {
                     next_claim = next_claim.max(Instant::now() + config.poll_interval);
                 }
             }
@@ -351,6 +409,7 @@ async fn run<P: OutboxPublish>(relay: Relay<P>, stop: CancellationToken, stats: 
             }
             () = tokio::time::sleep_until(wake), if !stopping => {}
             () = stop.cancelled(), if !stopping => {}
+            () = finish.cancelled(), if !finishing => {}
         }
     }
 }

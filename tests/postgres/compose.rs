@@ -420,3 +420,68 @@ queues:
         "nothing dead-lettered"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_committed_during_the_drain_is_published_before_the_drain_ends() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("drain-follow-up");
+    let shipped = format!("{q}.shipped");
+    let config = config(
+        &broker,
+        &format!("queues:\n  - name: {q}\n  - name: {shipped}\n    consume: false\n"),
+    );
+    // The handler starts before the drain and commits its follow-up after
+    // the drain has begun.
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = ServiceBuilder::new()
+        .layer(InboxLayer::new(PgInbox::new(db.pool.clone())))
+        .service_fn({
+            let (started, go) = (started.clone(), go.clone());
+            move |d: Delivery| {
+                let (started, go) = (started.clone(), go.clone());
+                async move {
+                    started.add_permits(1);
+                    go.acquire().await.expect("open").forget();
+                    ship_and_follow_up(d).await
+                }
+            }
+        });
+    let running = start(config, &q, handler, Some(&db)).await;
+    let health = running.health();
+    broker.publish(&q, b"o-7", "m-7").await;
+    tokio::time::timeout(BOUND, started.acquire())
+        .await
+        .expect("the handler starts")
+        .expect("open")
+        .forget();
+    let drain = tokio::spawn(running.drain());
+    wait_until("the drain has begun", BOUND, || async {
+        health.snapshot().draining
+    })
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox").await,
+        0,
+        "nothing committed yet"
+    );
+    go.add_permits(1);
+    tokio::time::timeout(BOUND, drain)
+        .await
+        .expect("the drain ends")
+        .expect("joined")
+        .expect("clean drain");
+
+    // Published and marked by the time the drain returned: no wait here.
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await,
+        1,
+        "the row committed during the drain is sent"
+    );
+    assert_eq!(
+        broker.take_all(&shipped).await,
+        vec!["o-7-shipped".to_owned()]
+    );
+}

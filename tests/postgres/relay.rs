@@ -653,3 +653,44 @@ async fn a_relay_crashing_with_batches_in_flight_loses_nothing_and_its_next_star
         "{duplicates} duplicates: the confirmed, unmarked rows were published again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_publishes_every_row_committed_before_it_without_the_poll_interval_then_stops() {
+    let db = TestDb::create().await;
+    let broker = Broker::new().await;
+    let q = unique("finish");
+    broker.declare(&q).await;
+    let publisher = Publisher::new(broker.conn.clone(), Topology::default())
+        .await
+        .unwrap();
+    // A long poll interval: an empty first look makes the relay wait 60 s,
+    // which `finish` does not.
+    let relay = Relay::new(db.pool.clone(), publisher)
+        .config(
+            RelayConfig::new()
+                .batch_size(10)
+                .poll_interval(Duration::from_secs(60))
+                .cleanup_interval(Duration::from_secs(3600)),
+        )
+        .spawn();
+    // Committed after the relay looked (and found nothing): 3.5 batches.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.enqueue(&q, 35).await;
+    let t0 = std::time::Instant::now();
+    let stats = tokio::time::timeout(BOUND, relay.finish())
+        .await
+        .expect("finish ends");
+    let took = t0.elapsed();
+    assert_eq!(stats.published, 35, "every committed row, in four batches");
+    assert!(
+        took < Duration::from_secs(20),
+        "not the poll interval: {took:?}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM acemq_outbox WHERE status = 'sent'")
+            .await,
+        35
+    );
+    assert_eq!(broker.take_all(&q).await.len(), 35);
+    eprintln!("finish published 35 rows in {took:?}");
+}

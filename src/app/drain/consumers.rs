@@ -46,7 +46,7 @@ pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
                 .push(why);
         }
     }));
-    // `hurry` may have resolved already (during the background stop): a
+    // `hurry` may have resolved already (an earlier step took it): a
     // finished future is never polled again.
     let already = *hurried;
     tokio::select! {
@@ -114,8 +114,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_hurry_that_resolved_during_the_background_stop_is_not_polled_again() {
-        // `stop_background` took the second signal: `hurry` has finished and
+    async fn a_hurry_that_resolved_before_is_not_polled_again() {
+        // An earlier step took the second signal: `hurry` has finished and
         // `hurried` is set. `select!` polls its branches in a random order,
         // so before the guard the finished future was polled (a panic) about
         // every other time: 64 rounds make a pass by chance 2^-64.

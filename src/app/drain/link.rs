@@ -48,6 +48,6 @@ impl Link {
 }
 
 /// Something that publishes outside handlers (a background task, the outbox
-/// relay): stopped before the consumers drain, within the drain's deadline.
+/// relay): finished once the handlers have, within the drain's deadline.
 pub(crate) type Background =
     Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;

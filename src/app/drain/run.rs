@@ -123,8 +123,6 @@ impl Drain {
         let mut hurried = false;
         // 1. Readiness off.
         self.health.set_draining();
-        self.stop_background(deadline, hurry.as_mut(), &mut hurried)
-            .await;
         let queues = self.last_generations();
         // 2. Stop intake everywhere at once: the loops start no new handler
         // (`hand_back`) and flush what they hold; the broker stops sending.
@@ -133,19 +131,23 @@ impl Drain {
         // 3. Wait for handlers on all queues (every generation), within what
         // is left.
         let ended = self
-            .wait_for_handlers(hurried, &unanswered, deadline, hurry)
+            .wait_for_handlers(hurried, &unanswered, deadline, hurry.as_mut())
             .await;
+        hurried |= ended == Some(DeadlineKind::SecondSignal);
         let mut unfinished = None;
         if let Some(kind) = ended {
             // 4. Cancel last; abandon after the grace.
             unfinished = self.cancel_and_abandon(kind, &queues, unanswered).await;
         }
         let abandoned = self.abandoned(&queues);
-        // 5. Close the consumer channels, then the publishing connection,
+        // 5. Publishers outside handlers (the outbox relay) publish what
+        // the handlers committed, within what is left of the deadline.
+        self.finish_background(deadline, hurry, hurried).await;
+        // 6. Close the consumer channels, then the publishing connection,
         // then the consumers' connection.
         let unanswered_close = self.close(&queues).await;
         let unfinished = with_unanswered_close(unfinished, unanswered_close);
-        // 6. Report: a loss during the drain makes it unclean too.
+        // 7. Report: a loss during the drain makes it unclean too.
         let report = self.report(start, &queues);
         self.health.set_drained();
         let unfinished = with_lost(unfinished, &report);
@@ -159,23 +161,25 @@ impl Drain {
     // `Sync` (its `Background`s), so a `&self` held across an await would
     // make `run`'s future not `Send`.
 
-    /// Publishers outside handlers (the outbox relay) stop first: what
-    /// they have not published waits for the next start. Sets `hurried` if
-    /// `hurry` resolves first.
-    async fn stop_background<H: Future<Output = ()>>(
+    /// Publishers outside handlers (the outbox relay) finish once the
+    /// handlers have: they publish what was committed, until the deadline
+    /// or a second signal; what they have not published then waits for the
+    /// next start (dropping their futures stops them). A drain already
+    /// hurried does not wait.
+    async fn finish_background<H: Future<Output = ()>>(
         &mut self,
         deadline: tokio::time::Instant,
         hurry: Pin<&mut H>,
-        hurried: &mut bool,
+        hurried: bool,
     ) {
         let background: Vec<_> = std::mem::take(&mut self.background)
             .into_iter()
-            .map(|stop| stop())
+            .map(|finish| finish())
             .collect();
-        if !background.is_empty() {
+        if !background.is_empty() && !hurried {
             tokio::select! {
                 _ = tokio::time::timeout_at(deadline, join_all(background)) => {}
-                () = hurry => *hurried = true,
+                () = hurry => {}
             }
         }
     }
