@@ -117,3 +117,47 @@ async fn a_retried_then_dropped_message_is_logged_with_its_error_escaped_and_its
     assert_eq!(start.len(), 1, "{logs}");
     assert!(start[0].contains(" WARN "), "{}", start[0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_sends_nothing_to_the_reply_to_of_an_order_it_rejects() {
+    let q = unique("hostile.reply");
+    let victim = unique("hostile.victim");
+    let yaml = format!("shutdown_timeout: 10\nqueues:\n  - name: {q}\n    dead_letter: true\n");
+    let config = acemq::Config::from_yaml_str(&yaml).expect("valid");
+    let mut queues = topology_queues(&config);
+    queues.push(victim.clone());
+    let _cleanup = QueueCleanup::new(queues.clone());
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&victim, lapin::types::FieldTable::default())
+        .await
+        .expect("the victim queue");
+    let mut shop = crate::support::ShopProcess::spawn(&q, &yaml, &[]);
+    shop.wait_ready().await;
+    broker
+        .publish_props(
+            &q,
+            br#"{"id":"o-hostile","fail":"permanent"}"#,
+            BasicProperties::default()
+                .with_message_id("o-hostile".into())
+                .with_reply_to(victim.as_str().into())
+                .with_correlation_id("c-1".into()),
+        )
+        .await;
+    assert!(
+        broker
+            .wait_ready(&format!("{q}.dlq"), 1, Duration::from_secs(15))
+            .await,
+        "the order is dead-lettered; stderr:\n{}",
+        shop.stderr()
+    );
+    shop.signal("-TERM");
+    let status = shop.exit_within(Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+    assert_eq!(
+        broker.ready(&victim).await,
+        Some(0),
+        "nothing published to the order's reply_to"
+    );
+    broker.delete(&queues).await;
+}
