@@ -77,6 +77,8 @@ pub struct UnknownQueue(pub String);
 struct Inner {
     /// Which broker address each connection answered on (redacted).
     brokers: std::sync::Mutex<[Option<String>; 2]>,
+    /// The broker's product and version, read at start.
+    broker_version: std::sync::Mutex<Option<String>>,
     /// The live connections, read here (whether each is open, whether the
     /// broker blocks the publishing one), written by the supervisor.
     connections: LiveConnections,
@@ -122,6 +124,10 @@ pub struct HealthSnapshot {
     pub broker: Option<String>,
     /// The same for the publishing connection.
     pub publisher_broker: Option<String>,
+    /// The broker's product and version as its `connection.start` gave
+    /// them at start (e.g. `RabbitMQ 4.3.6`); `None` when unknown (an
+    /// `amqps://` address, a connection factory).
+    pub broker_version: Option<String>,
     /// The broker has blocked the publishing connection (a resource alarm).
     pub publisher_blocked: bool,
     /// The drain has begun.
@@ -281,6 +287,10 @@ impl Health {
         self.inner.brokers.locked()[i] = broker.as_deref().map(without_user);
     }
 
+    pub(crate) fn set_broker_version(&self, version: Option<String>) {
+        *self.inner.broker_version.locked() = version;
+    }
+
     pub(crate) fn set_draining(&self) {
         self.inner.draining.store(true, Ordering::Release);
     }
@@ -387,6 +397,7 @@ impl Health {
             publisher_blocked: self.live(ConnectionRole::Publisher).is_blocked(),
             broker,
             publisher_broker,
+            broker_version: self.inner.broker_version.locked().clone(),
             draining: self.is_draining(),
             queues,
         }

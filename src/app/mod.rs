@@ -44,6 +44,7 @@
 //! }
 //! ```
 
+mod broker_check;
 mod builder;
 pub mod drain;
 mod error;

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use super::broker_check::BrokerCheck;
 use super::builder::App;
 use super::error::StartError;
 use super::generation::Starter;
@@ -275,6 +276,16 @@ async fn start_phases(
     health.set_broker(ConnectionRole::Consumer, Some(c.address));
     let consume_conn = Arc::new(c.connection);
     opened.push(consume_conn.clone());
+    BrokerCheck {
+        consumed: &plan.config,
+        declared: &plan.declared,
+        addr: &plan.addresses[c.index],
+        name,
+        factory: factory.is_some(),
+        timeout: plan.config.connect_timeout,
+    }
+    .run(health)
+    .await?;
     let topology = Topology::from_config(&plan.declared);
     topology.declare(&consume_conn).await?;
     info!(

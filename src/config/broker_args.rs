@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use super::error::ConfigError;
 use super::queue::{QueueConfig, QueueType};
 use super::routing::ArgValue;
 use super::schema::Config;
@@ -160,6 +161,76 @@ impl QueueConfig {
             }
         }
         out
+    }
+}
+
+impl Config {
+    /// On a broker of RabbitMQ 4.3 or later (`broker`, e.g. `RabbitMQ
+    /// 4.3.6`): the first queue argument it refuses to declare, as the
+    /// config error a start ends with (exit 78) before anything is
+    /// declared. Before 4.3 the same arguments are only warnings
+    /// ([`argument_warnings`](Self::argument_warnings)).
+    pub(crate) fn refused_on_4_3(&self, broker: &str) -> Option<ConfigError> {
+        self.queues.iter().enumerate().find_map(|(i, q)| {
+            let (arg, value, why) = q.refused_by_4_3()?;
+            Some(ConfigError::invalid(
+                format!("queues[{i}].arguments.{arg}"),
+                format!(
+                    "is {value} on queue {:?}, and the broker, {broker}, refuses to declare a \
+                     queue with it ({why})",
+                    q.name
+                ),
+                format!("remove {arg} from the queue's arguments"),
+            ))
+        })
+    }
+
+    /// On a broker of RabbitMQ 4.3 or later: one line per consumed classic
+    /// queue without `consumer_timeout`, saying that no broker bound
+    /// applies to its handlers any more (4.3 never times out a classic
+    /// queue's consumer). Logged at start as warnings.
+    pub(crate) fn unbounded_on_4_3(&self, broker: &str) -> Vec<String> {
+        self.queues
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.consume && q.kind == QueueType::Classic)
+            .filter(|(_, q)| q.consumer_timeout.is_none())
+            .map(|(i, q)| {
+                format!(
+                    "queues[{i}] {:?} is a classic queue, and the broker, {broker}, never times \
+                     out a classic queue's consumer: no broker bound applies to its handlers \
+                     any more, so a handler that never returns holds its delivery until the \
+                     process stops; bound the handler's work inside the handler, or make the \
+                     queue type: quorum with consumer_timeout (consumer_timeout on this queue \
+                     silences this warning; 4.3 does not apply it to a classic queue either)",
+                    q.name
+                )
+            })
+            .collect()
+    }
+}
+
+impl QueueConfig {
+    /// The argument RabbitMQ 4.3 refuses to declare, its value as shown,
+    /// and why: `x-queue-mode` (any value), `x-queue-version: 1`.
+    fn refused_by_4_3(&self) -> Option<(&'static str, String, &'static str)> {
+        if let Some(v) = self.arguments.get("x-queue-mode") {
+            return Some((
+                "x-queue-mode",
+                shown(v),
+                "classic queues are always lazy since 3.12",
+            ));
+        }
+        self.arguments
+            .get("x-queue-version")
+            .filter(|v| is_one(v))
+            .map(|_| {
+                (
+                    "x-queue-version",
+                    "1".to_owned(),
+                    "classic queue storage v1 is removed; version 2 is the default",
+                )
+            })
     }
 }
 
@@ -316,5 +387,53 @@ mod tests {
             message.contains("queues[0].consumer_timeout") && message.contains("at least 1ms"),
             "{message}"
         );
+    }
+    #[test]
+    fn on_4_3_a_refused_argument_is_a_one_line_config_error_naming_it_and_the_fix() {
+        let config = |args: &str| {
+            Config::from_yaml_str(&format!(
+                "queues:\n  - name: a\n  - name: b\n    consume: false\n    arguments: {args}\n"
+            ))
+            .unwrap()
+        };
+        let e = config("{ x-queue-mode: lazy }")
+            .refused_on_4_3("RabbitMQ 4.3.6")
+            .expect("x-queue-mode is refused");
+        assert_eq!(e.field(), Some("queues[1].arguments.x-queue-mode"));
+        let text = e.to_string();
+        assert_eq!(
+            text,
+            "invalid config: queues[1].arguments.x-queue-mode is \"lazy\" on queue \"b\", and \
+             the broker, RabbitMQ 4.3.6, refuses to declare a queue with it (classic queues are \
+             always lazy since 3.12): remove x-queue-mode from the queue's arguments"
+        );
+        let e = config("{ x-queue-version: 1 }")
+            .refused_on_4_3("RabbitMQ 4.4.1")
+            .expect("x-queue-version 1 is refused");
+        assert_eq!(e.field(), Some("queues[1].arguments.x-queue-version"));
+        assert!(e.to_string().contains("RabbitMQ 4.4.1"), "{e}");
+        assert!(config("{ x-queue-version: 2 }")
+            .refused_on_4_3("RabbitMQ 4.3.6")
+            .is_none());
+    }
+
+    #[test]
+    fn on_4_3_each_consumed_classic_queue_without_consumer_timeout_is_warned_about() {
+        let config = Config::from_yaml_str(
+            "queues:\n  - name: plain\n  - name: bounded\n    consumer_timeout: 1m\n  \
+             - name: q\n    type: quorum\n  - name: idle\n    consume: false\n",
+        )
+        .unwrap();
+        let w = config.unbounded_on_4_3("RabbitMQ 4.3.6");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "queues[0] \"plain\" is a classic queue, and the broker, RabbitMQ 4.3.6, never \
+                 times out a classic queue's consumer: no broker bound applies to its handlers"
+            ),
+            "{}",
+            w[0]
+        );
+        assert!(!w[0].contains('\n'));
     }
 }

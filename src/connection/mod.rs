@@ -35,6 +35,7 @@ mod connect;
 mod error;
 mod live;
 mod tls;
+mod version;
 
 pub(crate) use close::CLOSE_BOUND;
 pub use close::{close_channel, close_connection, CloseError};
@@ -44,6 +45,8 @@ pub use connect::{
 pub(crate) use connect::{connect_any_via, ConnectionFactory, Via};
 pub use error::ConnectError;
 pub(crate) use live::{Live, LiveConnections};
+pub(crate) use version::read_broker_version;
+pub use version::BrokerVersion;
 
 pub use crate::config::address::{
     amqp_addr_from_env, check_address, redact, resolve_addresses, DEFAULT_AMQP_ADDR,

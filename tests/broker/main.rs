@@ -20,6 +20,7 @@ mod bad_input;
 mod batch;
 mod breaker;
 mod broker_cancel;
+mod broker_version;
 mod coalesce;
 mod config_load;
 mod confirming;
