@@ -345,8 +345,8 @@ impl Publisher {
     }
 
     /// Publishes and waits for the confirm; `mandatory: false` only where
-    /// a return would be wrong (a reply to a direct reply-to address, which
-    /// the broker returns as unroutable when mandatory).
+    /// a return would mean nothing (a reply to a direct reply-to address:
+    /// before RabbitMQ 4.2 returned when its caller has gone, from 4.2 never).
     pub(crate) async fn send_with(
         &self,
         exchange: &str,

@@ -66,9 +66,13 @@
 //! requests (its `serves_requests`). [`Responder`] calls your service; on
 //! success it publishes the reply to
 //! the request's `reply_to` with its `correlation_id`, confirmed but **not
-//! mandatory** (the broker returns a mandatory publish to a direct reply-to
-//! address as unroutable), and only then lets the request be acknowledged.
-//! A reply to a caller that has gone is dropped by the broker. A request
+//! mandatory**, and only then lets the request be acknowledged.
+//! A reply to a caller that has gone is dropped by the broker; the request
+//! is acknowledged as handled, and the caller's call has already ended at
+//! its own deadline. Nothing rests on a `basic.return`: before RabbitMQ 4.2
+//! a mandatory publish to a direct reply-to address whose caller has gone
+//! came back as returned (`NO_ROUTE`), from 4.2 it counts as routed
+//! whether the caller is there or not (both measured, on 3.10.8 and 4.3.6). A request
 //! without `reply_to` is handled as a normal message. A failed attempt
 //! publishes nothing: a request retried (in the process or through rungs)
 //! gets one reply, after its final outcome — the reply of the attempt that

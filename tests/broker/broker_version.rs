@@ -22,7 +22,7 @@ const SECS: fn(u64) -> Duration = Duration::from_secs;
 
 /// The broker's version as `rabbitmqctl eval 'rabbit_misc:version().'`
 /// says it, and (major, minor).
-async fn ctl_version() -> (String, (u32, u32)) {
+pub(crate) async fn ctl_version() -> (String, (u32, u32)) {
     let out = rabbitmqctl()
         .args(["-q", "eval", "rabbit_misc:version()."])
         .output()

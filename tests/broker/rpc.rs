@@ -581,3 +581,140 @@ async fn a_serving_queue_replies_to_an_address_its_config_names() {
     running.drain().await.expect("clean drain");
     broker.delete(&queues).await;
 }
+
+/// What the broker does with a reply whose caller has gone. acemq's replies
+/// are not mandatory and its calls end at their own deadline, so nothing
+/// rests on a `basic.return`: before RabbitMQ 4.2 a mandatory reply to a
+/// caller that has gone came back as returned, from 4.2 it counts as
+/// routed whether the caller is there or not (measured here on each
+/// broker, with a mandatory publish of the test's own).
+#[tokio::test]
+async fn a_reply_to_a_caller_that_has_gone_is_dropped_the_request_acked_once_and_the_server_answers_the_next(
+) {
+    let queue = unique("rpc-gone");
+    let _cleanup = QueueCleanup::new(support::all_queues(&queue));
+    let (said, version) = crate::broker_version::ctl_version().await;
+    let (release, held) = tokio::sync::watch::channel(false);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let reply_to = Arc::new(Mutex::new(None::<String>));
+    let app = App::new(plain_config(&queue));
+    let publisher = app.publisher();
+    let (count, seen) = (handled.clone(), reply_to.clone());
+    let upper = service_fn(move |d: Delivery| {
+        let (count, seen, mut held) = (count.clone(), seen.clone(), held.clone());
+        async move {
+            if d.body().as_ref() == b"hold" {
+                *seen.lock().unwrap() = d.properties().reply_to.clone();
+                let _ = held.wait_for(|go| *go).await;
+            }
+            count.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, BoxError>(d.body().to_ascii_uppercase())
+        }
+    });
+    let running = app
+        .consume(&queue, Responder::new(publisher, upper))
+        .start()
+        .await
+        .expect("the server starts");
+
+    // The caller gives up at its deadline while the handler holds its
+    // request, then goes away.
+    let gone_name = unique("rpc-gone-client");
+    let (_gone_conn, gone) = client(&gone_name).await;
+    let started = Instant::now();
+    let e = gone
+        .call(RpcRequest::new(
+            "",
+            queue.as_str(),
+            b"hold".to_vec(),
+            Duration::from_secs(2),
+        ))
+        .await
+        .expect_err("the handler holds the request past the deadline");
+    assert!(matches!(e, RpcError::Timeout { .. }), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let address = reply_to
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the handler saw the request and its reply_to");
+    support::close_connection_named(&gone_name, "the caller has gone").await;
+    // The reply goes out to the address nobody consumes any more.
+    release.send(true).expect("the handler waits");
+    let mut broker = Broker::new().await;
+    assert!(
+        support::eventually(Duration::from_secs(20), || async {
+            support::queue_counts(&queue).await == Some((0, 0))
+        })
+        .await,
+        "the request was not acknowledged: {:?}",
+        support::queue_counts(&queue).await
+    );
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        1,
+        "handled once, not retried"
+    );
+    assert_eq!(
+        broker.ready(&format!("{queue}.dlq")).await.unwrap_or(0),
+        0,
+        "nothing dead-lettered"
+    );
+
+    // The server answers the next caller.
+    let (_conn, next) = client(&unique("rpc-next-client")).await;
+    let reply = next
+        .call(RpcRequest::new(
+            "",
+            queue.as_str(),
+            b"next".to_vec(),
+            Duration::from_secs(20),
+        ))
+        .await
+        .expect("the next call is answered");
+    assert_eq!(reply.body(), b"NEXT");
+
+    // What the broker says to a mandatory publish to the gone caller.
+    let conn = support::connect().await;
+    let ch = conn.create_channel().await.expect("a channel");
+    ch.confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    let confirm = ch
+        .basic_publish(
+            "".into(),
+            address.as_str().into(),
+            lapin::options::BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"late",
+            lapin::BasicProperties::default(),
+        )
+        .await
+        .expect("published")
+        .await
+        .expect("confirmed");
+    let returned = match &confirm {
+        lapin::Confirmation::Ack(Some(r)) => Some(r.reply_code),
+        _ => None,
+    };
+    println!(
+        "RabbitMQ {said}: a mandatory publish to a caller that has gone: {}",
+        returned.map_or("routed, no basic.return".to_owned(), |c| format!(
+            "returned, {c}"
+        ))
+    );
+    if version >= (4, 2) {
+        assert_eq!(returned, None, "RabbitMQ {said} counts it as routed");
+    } else {
+        assert_eq!(
+            returned,
+            Some(312),
+            "RabbitMQ {said} returns it as NO_ROUTE"
+        );
+    }
+    assert!(ch.status().connected(), "the channel stays open");
+    running.drain().await.expect("clean drain");
+    broker.delete(&support::all_queues(&queue)).await;
+}
