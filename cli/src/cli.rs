@@ -17,7 +17,8 @@ const REASONS: &str =
 /// --strict` a missing queue), 64 usage, 65 a queue or exchange named on the
 /// command line is not there (or `publish` found nothing to route to), 69
 /// broker unavailable, 75 `publish` was nacked by the broker, 78 config
-/// error (or a broker queue that contradicts the config).
+/// error (or a broker queue that contradicts the config, or a `schema:`
+/// file `asyncapi` cannot read).
 #[derive(Debug, Parser)]
 #[command(name = "acemq", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -53,6 +54,40 @@ pub(crate) enum Command {
     /// Publish one message to a queue or to an exchange, mandatory, and
     /// wait for the broker's confirm.
     Publish(Box<PublishArgs>),
+    /// Write the config's AsyncAPI 3.0 document (AMQP 0.9.1 bindings): its
+    /// queues, retry rungs, dead-letter queues and exchanges as channels,
+    /// what the service consumes and publishes, the headers acemq sets, and
+    /// each queue's `schema:` as its payload. Asks nothing of the broker.
+    Asyncapi(AsyncApiArgs),
+}
+
+/// `acemq asyncapi`
+#[derive(Debug, Args)]
+pub(crate) struct AsyncApiArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArg,
+    /// Write the document to FILE instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
+    /// yaml (the default) or json (the default with --json).
+    #[arg(long, value_enum)]
+    pub(crate) format: Option<DocFormat>,
+    /// The document's info.title (default: the config file's name without
+    /// its extension).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) title: Option<String>,
+    /// The document's info.version: the version of the service's API.
+    #[arg(long, value_name = "VERSION", default_value = "1.0.0")]
+    pub(crate) api_version: String,
+}
+
+/// The document's format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DocFormat {
+    /// YAML.
+    Yaml,
+    /// JSON.
+    Json,
 }
 
 /// `acemq topology ...`

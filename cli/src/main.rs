@@ -1,12 +1,14 @@
 //! `acemq`, the operator command for acemq: plan and apply the topology a
-//! config names, show queue depths, peek at and replay dead letters, publish a message. See
-//! the crate's README for each verb and its exit codes.
+//! config names, show queue depths, peek at and replay dead letters, publish
+//! a message, write the config's AsyncAPI document. See the crate's README
+//! for each verb and its exit codes.
 
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
 
+mod asyncapi;
 mod cli;
 mod connect;
 mod exit;
@@ -33,6 +35,7 @@ async fn run(cli: Cli) -> Result<Exit, Failure> {
         Command::Dlq(DlqCommand::Peek(a)) => peek::peek(a, addr, json).await,
         Command::Dlq(DlqCommand::Replay(a)) => replay::replay(a, addr, json).await,
         Command::Publish(a) => publish::publish(a, addr, json).await,
+        Command::Asyncapi(a) => asyncapi::asyncapi(a, json),
     }
 }
 

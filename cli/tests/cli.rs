@@ -7,6 +7,8 @@
 
 mod support;
 
+#[path = "cli/asyncapi.rs"]
+mod asyncapi;
 #[path = "cli/dlq_peek.rs"]
 mod dlq_peek;
 #[path = "cli/dlq_replay.rs"]

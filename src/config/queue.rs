@@ -191,6 +191,13 @@ pub struct QueueConfig {
     /// error reply may go to, besides direct reply-to ones (default none).
     #[serde(default)]
     pub reply_addresses: Vec<String>,
+
+    /// A JSON Schema file of the queue's message bodies, relative to the
+    /// config file (default none). The service does not read it: `acemq
+    /// asyncapi` puts it in the document as the payload of the queue's
+    /// messages, and fails (exit 78) when it is missing or not JSON.
+    #[serde(default)]
+    pub schema: Option<std::path::PathBuf>,
 }
 
 impl QueueConfig {
@@ -222,6 +229,7 @@ impl QueueConfig {
             serves_requests: false,
             reply_error_text: false,
             reply_addresses: Vec::new(),
+            schema: None,
         }
     }
 
