@@ -80,6 +80,9 @@ pub struct ReplayOptions {
     /// (repeats, such as a copy a crash dead-lettered twice) in the
     /// dead-letter queue; `false` (the default): move every copy.
     pub skip_repeated: bool,
+    /// Only messages whose message id is one of these (a selection, as the
+    /// console makes one); `None` (the default): any id, or none.
+    pub message_ids: Option<std::collections::BTreeSet<String>>,
 }
 
 impl ReplayOptions {
@@ -108,6 +111,18 @@ impl ReplayOptions {
         self.skip_repeated = true;
         self
     }
+
+    /// Only messages whose message id is in `ids`: the others (and those
+    /// without an id) are left in the dead-letter queue, in order, and
+    /// counted in [`ReplayReport::not_selected`].
+    pub fn only_message_ids<I, S>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.message_ids = Some(ids.into_iter().map(Into::into).collect());
+        self
+    }
 }
 
 /// What a replay did.
@@ -126,6 +141,10 @@ pub struct ReplayReport {
     /// Messages left in the dead-letter queue because their reason was not
     /// the one asked for.
     pub skipped: usize,
+    /// With [`ReplayOptions::only_message_ids`]: messages left in the
+    /// dead-letter queue because their id was not selected (or they had
+    /// none).
+    pub not_selected: usize,
     /// With [`ReplayOptions::skip_repeated`]: messages left in the
     /// dead-letter queue because a copy with their message id was moved
     /// before them.
@@ -152,6 +171,13 @@ impl fmt::Display for ReplayReport {
                 f,
                 "; {} left in {} (other reasons)",
                 self.skipped, self.from
+            )?;
+        }
+        if self.not_selected > 0 {
+            write!(
+                f,
+                "; {} left in {} (not selected)",
+                self.not_selected, self.from
             )?;
         }
         if self.repeats_left > 0 {
@@ -346,6 +372,13 @@ async fn run(
             .message_id()
             .as_ref()
             .map(|s| s.to_string());
+        if let Some(wanted) = &options.message_ids {
+            if !id.as_ref().is_some_and(|id| wanted.contains(id)) {
+                // Not selected: held, given back when the channel closes.
+                report.not_selected += 1;
+                continue;
+            }
+        }
         if options.skip_repeated && id.as_ref().is_some_and(|id| moved_ids.contains(id)) {
             // A repeat: held unacknowledged, given back with the skipped.
             report.repeats_left += 1;

@@ -262,3 +262,83 @@ async fn a_read_gives_every_message_back_in_order() {
     assert_eq!(drain_ids(&mut broker, &dlq).await, want);
     broker.delete(&[dlq]).await;
 }
+
+#[tokio::test]
+async fn a_selection_of_messages_is_replayed_alone_and_the_rest_stay_in_order() {
+    let q = unique("console-select");
+    let dlq = format!("{q}.dlq");
+    let mut broker = Broker::new().await;
+    broker.declare(&q, Default::default()).await.expect("queue");
+    broker.declare(&dlq, Default::default()).await.expect("dlq");
+    for id in ["s-1", "s-2", "s-3", "s-4"] {
+        let headers = field_table(vec![("x-acemq-reason", long_str("rejected"))]);
+        let props = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_headers(headers);
+        broker.publish_props(&dlq, id.as_bytes(), props).await;
+    }
+    // One copy without an id: it cannot be selected.
+    let headers = field_table(vec![("x-acemq-reason", long_str("rejected"))]);
+    broker
+        .publish_props(
+            &dlq,
+            b"no id",
+            BasicProperties::default().with_headers(headers),
+        )
+        .await;
+    assert!(
+        broker
+            .wait_ready(&dlq, 5, std::time::Duration::from_secs(5))
+            .await
+    );
+    let mut qc = acemq::config::QueueConfig::new(&q);
+    qc.dead_letter = true;
+    let config = acemq::Config::new([qc]);
+    let admin = AdminRouter::new(acemq::Health::new())
+        .token(AdminToken::new(TOKEN).expect("token"))
+        .console(ConsoleConfig::new(
+            &config,
+            acemq::connection::amqp_addr_from_env(),
+        ))
+        .build();
+
+    // Each message with an id can be selected; a message's page replays it.
+    let (_, page) = call(&admin, "GET", "/console/dead-letters", "").await;
+    let s = section(&page, &dlq);
+    assert_eq!(s.matches("type=\"checkbox\" name=\"id\"").count(), 4, "{s}");
+    assert!(s.contains("Replay selected"), "{s}");
+    let (_, m) = call(
+        &admin,
+        "GET",
+        &format!("/console/dead-letters/{q}/messages/2"),
+        "",
+    )
+    .await;
+    assert!(m.contains("name=\"id\" value=\"s-2\""), "{m}");
+    assert!(m.contains("Replay this message"), "{m}");
+
+    // The confirmation counts the selection; the replay moves only it.
+    let (status, c) = call(
+        &admin,
+        "GET",
+        &format!("/console/dead-letters/{q}/replay?id=s-2&id=s-4"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{c}");
+    assert!(c.contains("data-count=\"2\""), "{c}");
+    assert!(c.contains("name=\"id\" value=\"s-4\""), "{c}");
+    let (status, done) = call(
+        &admin,
+        "POST",
+        &format!("/console/dead-letters/{q}/replay"),
+        "id=s-2&id=s-4",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("moved 2 from"), "{done}");
+    assert!(done.contains("3 left in"), "{done}");
+    assert_eq!(drain_ids(&mut broker, &q).await, ["s-2", "s-4"]);
+    assert_eq!(drain_ids(&mut broker, &dlq).await, ["s-1", "s-3", ""]);
+    broker.delete(&[q, dlq]).await;
+}

@@ -38,6 +38,7 @@
 //! outside the binary, under `Content-Security-Policy: default-src 'none';
 //! style-src 'self'; form-action 'self'; frame-ancestors 'none'`. Text
 //! from a message is escaped.
+mod confirm;
 mod dlq;
 mod html;
 mod pages;
@@ -180,7 +181,7 @@ async fn control(
     if c.health.is_draining() {
         return respond(
             StatusCode::CONFLICT,
-            pages::outcome(
+            confirm::outcome(
                 "Refused",
                 "The drain has begun: pause and resume no longer apply.",
                 false,
@@ -199,7 +200,7 @@ async fn control(
         }
         Err(e) => respond(
             StatusCode::NOT_FOUND,
-            pages::outcome("No such queue", &e.to_string(), false),
+            confirm::outcome("No such queue", &e.to_string(), false),
         ),
     }
 }

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::html::{self, respond};
 use super::state::{bad_request, field, form, peer, Console, Denied};
-use super::{pages, read};
+use super::{confirm, pages, read};
 use crate::replay::{replay_dead_letters, ReplayOptions};
 
 pub(crate) async fn dead_letters(State(c): State<Console>, headers: HeaderMap) -> Response {
@@ -39,7 +39,7 @@ pub(crate) async fn dead_letters(State(c): State<Console>, headers: HeaderMap) -
 fn no_such_dlq(queue: &str) -> Response {
     respond(
         StatusCode::NOT_FOUND,
-        pages::outcome(
+        confirm::outcome(
             "No such dead-letter queue",
             &format!("{queue:?} is not a queue of this service's config with dead_letter: true."),
             false,
@@ -70,7 +70,7 @@ pub(crate) async fn message(
             Some(m) => respond(StatusCode::OK, pages::message(&queue, &dlq, m)),
             None => respond(
                 StatusCode::NOT_FOUND,
-                pages::outcome(
+                confirm::outcome(
                     "No such message",
                     &format!("{dlq} holds {} messages now, not {n}.", r.held),
                     false,
@@ -79,9 +79,19 @@ pub(crate) async fn message(
         },
         Err(e) => respond(
             StatusCode::BAD_GATEWAY,
-            pages::outcome("Could not read", &e.0, false),
+            confirm::outcome("Could not read", &e.0, false),
         ),
     }
+}
+
+/// The message ids a replay is limited to (each `id` field), if any.
+fn ids_of(fields: &[(String, String)]) -> Option<std::collections::BTreeSet<String>> {
+    let ids: std::collections::BTreeSet<String> = fields
+        .iter()
+        .filter(|(k, v)| k == "id" && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect();
+    (!ids.is_empty()).then_some(ids)
 }
 
 /// The reason a replay is limited to, from a form or query: `Ok(None)`
@@ -126,15 +136,21 @@ pub(crate) async fn confirm(
     };
     match read::read(&c.config.broker, &c.connection_name(), &dlq, limit).await {
         Ok(r) if action == "purge" => {
-            respond(StatusCode::OK, pages::confirm_purge(&queue, &dlq, r.held))
+            respond(StatusCode::OK, confirm::confirm_purge(&queue, &dlq, r.held))
         }
         Ok(r) => respond(
             StatusCode::OK,
-            pages::confirm_replay(&queue, &dlq, reason.map(|r| r.as_str()), &r),
+            confirm::confirm_replay(
+                &queue,
+                &dlq,
+                reason.map(|r| r.as_str()),
+                ids_of(&fields).as_ref(),
+                &r,
+            ),
         ),
         Err(e) => respond(
             StatusCode::BAD_GATEWAY,
-            pages::outcome("Could not read", &e.0, false),
+            confirm::outcome("Could not read", &e.0, false),
         ),
     }
 }
@@ -165,21 +181,26 @@ pub(crate) async fn act(
             if let Some(r) = reason {
                 options = options.only_reason(r);
             }
+            let ids = ids_of(&fields);
+            let selected = ids.as_ref().map_or(0, |ids| ids.len());
+            if let Some(ids) = ids {
+                options = options.only_message_ids(ids);
+            }
             let wanted = reason.map_or("all", |r| r.as_str());
-            info!(queue = ?queue, reason = wanted, %peer, "console: replay of {dlq} asked by an operator");
+            info!(queue = ?queue, reason = wanted, selected, %peer, "console: replay of {dlq} asked by an operator");
             match replay_dead_letters(&c.config.broker, &queue, options).await {
                 Ok(report) => {
-                    info!(queue = ?queue, moved = report.moved, skipped = report.skipped, %peer, "console: replay done");
+                    info!(queue = ?queue, moved = report.moved, skipped = report.skipped, not_selected = report.not_selected, %peer, "console: replay done");
                     respond(
                         StatusCode::OK,
-                        pages::outcome("Replayed", &report.to_string(), true),
+                        confirm::outcome("Replayed", &report.to_string(), true),
                     )
                 }
                 Err(e) => {
                     warn!(queue = ?queue, %peer, error = e.to_string().as_str(), "console: replay failed");
                     respond(
                         StatusCode::BAD_GATEWAY,
-                        pages::outcome("Replay failed", &e.to_string(), false),
+                        confirm::outcome("Replay failed", &e.to_string(), false),
                     )
                 }
             }
@@ -189,12 +210,12 @@ pub(crate) async fn act(
                 info!(queue = ?queue, purged = n, %peer, "console: {dlq} purged by an operator");
                 respond(
                     StatusCode::OK,
-                    pages::outcome("Purged", &format!("purged {n} messages from {dlq}"), true),
+                    confirm::outcome("Purged", &format!("purged {n} messages from {dlq}"), true),
                 )
             }
             Err(e) => respond(
                 StatusCode::BAD_GATEWAY,
-                pages::outcome("Purge failed", &e.0, false),
+                confirm::outcome("Purge failed", &e.0, false),
             ),
         },
         _ => StatusCode::NOT_FOUND.into_response(),

@@ -248,8 +248,10 @@ pub(crate) fn dead_letter_section(
     }
     let _ = write!(
         b,
-        "<h3>Messages</h3><p class=\"muted\">The first {} of those read.</p><div class=\"scroll\">\
-         <table><thead><tr><th scope=\"col\" class=\"n\">#</th><th scope=\"col\">Message id</th>\
+        "<h3>Messages</h3><p class=\"muted\">The first {} of those read. Select messages by their \
+         id to replay only those.</p><form method=\"get\" action=\"/console/dead-letters/{seg}/replay\">\
+         <div class=\"scroll\">\
+         <table><thead><tr><th scope=\"col\">Select</th><th scope=\"col\" class=\"n\">#</th><th scope=\"col\">Message id</th>\
          <th scope=\"col\">Reason</th><th scope=\"col\" class=\"n\">Attempts</th>\
          <th scope=\"col\">Error</th></tr></thead><tbody>",
         n.min(LISTED)
@@ -266,9 +268,18 @@ pub(crate) fn dead_letter_section(
         } else {
             esc(&cut(id, 80))
         };
+        let select = if id.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "<input type=\"checkbox\" name=\"id\" value=\"{}\" aria-label=\"Select message {}\">",
+                esc(id),
+                m.position
+            )
+        };
         let _ = write!(
             b,
-            "<tr><td class=\"n\">{pos}</td><td><a href=\"/console/dead-letters/{seg}/messages/{pos}\">{shown}</a>{mark}</td>\
+            "<tr><td>{select}</td><td class=\"n\">{pos}</td><td><a href=\"/console/dead-letters/{seg}/messages/{pos}\">{shown}</a>{mark}</td>\
              <td>{}</td><td class=\"n\">{}</td><td><code>{}</code></td></tr>",
             esc(m.reason.as_deref().unwrap_or("none")),
             m.attempts.map(|a| a.to_string()).unwrap_or_default(),
@@ -278,7 +289,7 @@ pub(crate) fn dead_letter_section(
     }
     let _ = write!(
         b,
-        "</tbody></table></div><p>\
+        "</tbody></table></div><p><button type=\"submit\">Replay selected</button></p></form><p>\
          <a href=\"/console/dead-letters/{seg}/replay\">Replay all of {name}</a> · \
          <a href=\"/console/dead-letters/{seg}/purge\">Purge {name}</a></p></section>"
     );
@@ -338,71 +349,15 @@ pub(crate) fn message(queue: &str, dlq: &str, m: &Message) -> String {
         },
         esc_bytes(&m.body, m.body.len())
     );
+    if let Some(id) = &m.message_id {
+        let _ = write!(
+            b,
+            "<form method=\"get\" action=\"/console/dead-letters/{seg}/replay\">\
+             <input type=\"hidden\" name=\"id\" value=\"{}\">\
+             <button type=\"submit\">Replay this message</button></form>",
+            esc(id)
+        );
+    }
     let title = format!("Message {} of {dlq}", m.position);
     page(&title, Nav::DeadLetters, &b)
-}
-
-/// The confirmation before a replay: how many messages it moves.
-pub(crate) fn confirm_replay(queue: &str, dlq: &str, reason: Option<&str>, read: &Read) -> String {
-    let seg = path_segment(queue);
-    let count = match reason {
-        Some(r) => read
-            .messages
-            .iter()
-            .filter(|m| m.reason.as_deref() == Some(r))
-            .count(),
-        None => read.held as usize,
-    };
-    let partial = reason.is_some() && read.messages.len() < read.held as usize;
-    let what = match reason {
-        Some(r) => format!("with reason <strong>{}</strong> ", esc(r)),
-        None => String::new(),
-    };
-    let hidden = reason.map_or_else(String::new, |r| {
-        format!(
-            "<input type=\"hidden\" name=\"reason\" value=\"{}\">",
-            esc(r)
-        )
-    });
-    let body = format!(
-        "<p data-count=\"{count}\">Replay {}{count} message{} {what}from <code>{}</code> to \
-         <code>{}</code>? Each is published back with its attempt count reset, confirmed by the \
-         broker, and only then removed from the dead-letter queue.</p>\
-         <form method=\"post\" action=\"/console/dead-letters/{seg}/replay\">{hidden}\
-         <button type=\"submit\">Confirm replay of {count} message{}</button> \
-         <a href=\"/console/dead-letters#h-{seg}\">Cancel</a></form>",
-        if partial { "at least " } else { "" },
-        if count == 1 { "" } else { "s" },
-        esc(dlq),
-        esc(queue),
-        if count == 1 { "" } else { "s" },
-    );
-    page("Confirm replay", Nav::DeadLetters, &body)
-}
-
-/// The confirmation before a purge: how many messages it deletes.
-pub(crate) fn confirm_purge(queue: &str, dlq: &str, held: u32) -> String {
-    let seg = path_segment(queue);
-    let body = format!(
-        "<p data-count=\"{held}\">Purge <code>{}</code>? Its {held} message{} (and any that \
-         arrive before you confirm) are deleted for good.</p>\
-         <form method=\"post\" action=\"/console/dead-letters/{seg}/purge\">\
-         <button type=\"submit\" class=\"danger\">Confirm purge of {held} message{}</button> \
-         <a href=\"/console/dead-letters#h-{seg}\">Cancel</a></form>",
-        esc(dlq),
-        if held == 1 { "" } else { "s" },
-        if held == 1 { "" } else { "s" },
-    );
-    page("Confirm purge", Nav::DeadLetters, &body)
-}
-
-/// The page after an action, or an error: `text` and a link back.
-pub(crate) fn outcome(title: &str, text: &str, ok: bool) -> String {
-    let class = if ok { "notice" } else { "error" };
-    let body = format!(
-        "<p class=\"{class}\" role=\"status\">{}</p><p><a href=\"/console/dead-letters\">Back to \
-         the dead letters</a> · <a href=\"/console/\">Queues</a></p>",
-        esc(text)
-    );
-    page(title, Nav::DeadLetters, &body)
 }

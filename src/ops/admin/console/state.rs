@@ -11,8 +11,8 @@ use axum::response::Response;
 use tracing::warn;
 
 use super::html::respond;
-use super::pages;
 use super::session::{self, Sessions};
+use super::{confirm, pages};
 use crate::app::health::Health;
 use crate::config::Config;
 use crate::connection::redact;
@@ -28,7 +28,7 @@ use crate::ops::admin::auth::{self, AdminToken};
 /// | `GET /console/` | each queue's state, circuit, in flight, held, handled, retried, dead-lettered; pause and resume |
 /// | `GET /console/dead-letters` | each `.dlq` of the config: counts by reason and by error (digits grouped), the oldest and newest, repeated message ids, the first messages |
 /// | `GET /console/dead-letters/{queue}/messages/{n}` | the `n`th message: headers, reason, error, attempts, first-seen queue and exchange, body preview |
-/// | `GET`, `POST /console/dead-letters/{queue}/replay` | the confirmation (`?reason=R` or all), then the replay ([`replay_dead_letters`](crate::replay::replay_dead_letters)) |
+/// | `GET`, `POST /console/dead-letters/{queue}/replay` | the confirmation (`?reason=R`, `?id=ID&id=ID…` for a selection, or all), then the replay ([`replay_dead_letters`](crate::replay::replay_dead_letters)) |
 /// | `GET`, `POST /console/dead-letters/{queue}/purge` | the confirmation, then the purge |
 ///
 /// Counting reads: the first [`read_limit`](Self::read_limit) messages of
@@ -166,7 +166,7 @@ impl Console {
             warn!(%peer, action = what, "console: a form from another origin refused");
             return Err(Box::new(respond(
                 StatusCode::FORBIDDEN,
-                pages::outcome(
+                confirm::outcome(
                     "Refused",
                     "This form was not sent from this console's own page (its Origin or Referer \
                      names another site): nothing was done.",
@@ -227,6 +227,6 @@ pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'
 pub(crate) fn bad_request(text: &str) -> Response {
     respond(
         StatusCode::BAD_REQUEST,
-        pages::outcome("Bad request", text, false),
+        confirm::outcome("Bad request", text, false),
     )
 }
