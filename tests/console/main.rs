@@ -121,6 +121,27 @@ async fn an_operator_logs_in_sees_a_rejected_order_replays_it_and_pauses_a_queue
     );
     assert!(browser.source().await.contains("o-web-1"));
     keep(&browser, "dead-letters").await;
+
+    // At 200 % zoom (a 1280-pixel screen shows 640 CSS pixels), the pages
+    // fit the window's width: nothing but a table's own box scrolls sideways.
+    browser.set_window(640, 900).await;
+    for (path, name) in [("dead-letters", "dead-letters-200"), ("", "queues-200")] {
+        browser.goto(&format!("{base}/console/{path}")).await;
+        let overflow = browser
+            .execute(
+                "const d = document.documentElement; \
+                 return [d.scrollWidth, d.clientWidth];",
+            )
+            .await;
+        let (scroll, client) = (overflow[0].as_u64(), overflow[1].as_u64());
+        assert!(
+            client.is_some_and(|c| c <= 660) && scroll <= client,
+            "/console/{path} at 640 CSS pixels: scrollWidth {scroll:?} > clientWidth {client:?}"
+        );
+        keep(&browser, name).await;
+    }
+    browser.set_window(1280, 900).await;
+    browser.goto(&format!("{base}/console/dead-letters")).await;
     let link = browser
         .find(&format!(
             "section[data-dlq=\"{dlq}\"] a[href$=\"/messages/1\"]"

@@ -274,6 +274,29 @@ impl Browser {
         v.as_array().cloned().unwrap_or_default()
     }
 
+    /// Runs `script` in the page (WebDriver's synchronous execute) and
+    /// returns what it returned.
+    pub async fn execute(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("execute {script}: {e}"))
+    }
+
+    /// Sets the browser window's outer size in CSS pixels.
+    pub async fn set_window(&self, width: u32, height: u32) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(json!({ "width": width, "height": height })),
+        )
+        .await
+        .expect("window rect");
+    }
+
     /// A PNG of the viewport, written to `path`.
     pub async fn screenshot(&self, path: &Path) {
         let v = self
