@@ -165,7 +165,7 @@ async fn queues(State(c): State<Console>, headers: HeaderMap) -> Response {
     let snap = c.health.snapshot();
     respond(
         StatusCode::OK,
-        pages::queues(&snap.queues, c.health.is_draining()),
+        pages::queues(&snap.queues, c.health.is_draining(), &c.config.timeouts),
     )
 }
 
@@ -229,6 +229,8 @@ mod tests {
         health.add_queue("shop.orders", gate.clone(), Arc::new(QueueStats::default()));
         let mut q = crate::config::QueueConfig::new("shop.orders");
         q.dead_letter = true;
+        q.kind = crate::config::QueueType::Quorum;
+        q.consumer_timeout = Some(std::time::Duration::from_secs(20));
         let config = ConsoleConfig::new(&Config::new([q]), "amqp://127.0.0.1:1/%2f");
         let token = token.map(|t| AdminToken::new(t).unwrap());
         (routes(health, token, config), gate)
@@ -423,5 +425,18 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers[header::CONTENT_TYPE], "text/css; charset=utf-8");
         assert!(body.contains(":focus-visible"));
+    }
+
+    #[tokio::test]
+    async fn the_queues_page_shows_each_queues_consumer_timeout() {
+        let (router, _) = console(Some(TOKEN));
+        let cookie = log_in(&router).await;
+        let (status, _, page) = send(&router, get("/console/", Some(&cookie))).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(
+            page.contains("<th scope=\"col\">Consumer timeout</th>"),
+            "{page}"
+        );
+        assert!(page.contains("<td>20s (consumer_timeout)</td>"), "{page}");
     }
 }

@@ -58,7 +58,11 @@ fn state(q: &QueueSnapshot, draining: bool) -> &'static str {
 }
 
 /// The queues page.
-pub(crate) fn queues(queues: &[QueueSnapshot], draining: bool) -> String {
+pub(crate) fn queues(
+    queues: &[QueueSnapshot],
+    draining: bool,
+    timeouts: &std::collections::BTreeMap<String, String>,
+) -> String {
     let mut b = String::new();
     if draining {
         b.push_str(
@@ -76,7 +80,7 @@ pub(crate) fn queues(queues: &[QueueSnapshot], draining: bool) -> String {
          <th scope=\"col\">Circuit</th><th scope=\"col\" class=\"n\">In flight</th>\
          <th scope=\"col\" class=\"n\">Held</th><th scope=\"col\" class=\"n\">Handled</th>\
          <th scope=\"col\" class=\"n\">Retried</th><th scope=\"col\" class=\"n\">Dead-lettered</th>\
-         <th scope=\"col\">Action</th></tr></thead><tbody>",
+         <th scope=\"col\">Consumer timeout</th><th scope=\"col\">Action</th></tr></thead><tbody>",
     );
     for q in queues {
         let name = esc(&q.name);
@@ -103,8 +107,16 @@ pub(crate) fn queues(queues: &[QueueSnapshot], draining: bool) -> String {
             b,
             "<tr data-queue=\"{name}\" data-state=\"{st}\"><th scope=\"row\">{name}</th>\
              <td>{st}</td><td>{circuit}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{action}</td></tr>",
-            q.in_flight, q.held, q.handled, q.retried, q.dead_lettered
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>\
+             <td>{action}</td></tr>",
+            q.in_flight,
+            q.held,
+            q.handled,
+            q.retried,
+            q.dead_lettered,
+            timeouts
+                .get(&q.name)
+                .map_or_else(|| "the broker's".to_owned(), |t| esc(t)),
         );
     }
     b.push_str("</tbody></table></div>");

@@ -61,6 +61,9 @@ pub struct ConsoleConfig {
     pub(crate) broker: String,
     /// The queues with a dead-letter queue, in config order.
     pub(crate) queues: Vec<String>,
+    /// Each consumed queue's consumer timeout as the config gives it, and
+    /// where from; absent: the broker's own.
+    pub(crate) timeouts: std::collections::BTreeMap<String, String>,
     pub(crate) read_limit: usize,
     pub(crate) secure_cookie: bool,
 }
@@ -91,6 +94,14 @@ impl ConsoleConfig {
                 .iter()
                 .filter(|q| q.dead_letter)
                 .map(|q| q.name.clone())
+                .collect(),
+            timeouts: config
+                .queues
+                .iter()
+                .filter_map(|q| {
+                    let (t, from) = q.effective_consumer_timeout()?;
+                    Some((q.name.clone(), format!("{t:?} ({from})")))
+                })
                 .collect(),
             read_limit: Self::DEFAULT_READ_LIMIT,
             secure_cookie: false,
