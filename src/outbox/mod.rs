@@ -98,7 +98,10 @@ mod pool;
 mod publish;
 mod relay;
 mod schema;
+mod sslmode;
 mod stats;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use enqueue::Outbox;
 pub use error::OutboxError;

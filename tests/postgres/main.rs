@@ -19,3 +19,5 @@ mod inbox;
 mod migrate;
 mod process;
 mod relay;
+#[cfg(feature = "tls")]
+mod tls;
