@@ -530,12 +530,24 @@ pub(crate) fn check_input(mut input: Input) {
         }
     }
 
-    // 5. A replayed copy's headers: the attempt state gone, the rest kept.
-    let reset = acemq::replay::reset(headers.clone());
+    // 5. A replayed copy's headers: the attempt state gone, the provenance
+    //    kept unless the broker dead-lettered the copy out of the queue
+    //    itself, the replay's marker added, the rest kept.
+    let reset = acemq::replay::reset(headers.clone(), &input.queue);
+    let broker_dead_lettered =
+        acemq_layers::provenance::dead_lettered_by_broker_from(&headers, &input.queue);
+    assert_eq!(
+        reset.get(acemq_layers::provenance::REPLAYED_HEADER),
+        Some(&Value::Bool(true))
+    );
     for (name, value) in headers.iter() {
+        if name == acemq_layers::provenance::REPLAYED_HEADER {
+            continue;
+        }
         let dropped = name == DELIVERY_COUNT_HEADER
             || name == "x-acquired-count"
-            || (name.starts_with("x-acemq-") && !name.starts_with("x-acemq-original-"));
+            || (name.starts_with("x-acemq-")
+                && (broker_dead_lettered || !name.starts_with("x-acemq-original-")));
         match reset.get(name) {
             Some(kept) => {
                 assert!(!dropped, "{name} kept by reset");
@@ -544,7 +556,7 @@ pub(crate) fn check_input(mut input: Input) {
             None => assert!(dropped, "{name} dropped by reset"),
         }
     }
-    assert!(reset.len() <= headers.len());
+    assert!(reset.len() <= headers.len() + 1);
 
     // 6. The redelivery bound and the dead-letter copy, as the stack orders
     //    them: dead-letter, redelivery limit, handler.

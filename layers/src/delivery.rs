@@ -221,10 +221,12 @@ impl std::fmt::Debug for Received {
 
 impl Delivery {
     /// What [`DeliveryBuilder`] builds from the same parts (no token: one
-    /// that never fires).
+    /// that never fires), less the `x-acemq-original-*` headers where the
+    /// broker does not vouch for them ([`provenance`](crate::provenance)).
     #[doc(hidden)]
     #[inline]
-    pub fn received(r: Received) -> Delivery {
+    pub fn received(mut r: Received) -> Delivery {
+        crate::provenance::strip_unbelieved(&mut r.headers, &r.queue, &r.exchange, &r.routing_key);
         Delivery::assemble(
             Message {
                 exchange: r.exchange,
@@ -339,6 +341,8 @@ impl Delivery {
     /// exchange, and this reads its
     /// [`ORIGINAL_EXCHANGE_HEADER`](crate::headers::ORIGINAL_EXCHANGE_HEADER);
     /// otherwise (and if the header is not a string) [`exchange`](Self::exchange).
+    /// A publisher's own header is not believed on a first delivery
+    /// ([`provenance`](crate::provenance)); do not authorise on it.
     pub fn original_exchange(&self) -> &str {
         self.header_str(crate::headers::ORIGINAL_EXCHANGE_HEADER)
             .unwrap_or(&self.shared.message.exchange)

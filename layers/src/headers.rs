@@ -188,6 +188,24 @@ impl Headers {
         self.0.is_empty()
     }
 
+    /// Whether any header's name starts with `prefix`.
+    pub(crate) fn has_prefixed(&self, prefix: &str) -> bool {
+        self.0
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .is_some_and(|(name, _)| name.starts_with(prefix))
+    }
+
+    /// Removes every header whose name starts with `prefix`; how many.
+    pub(crate) fn remove_prefixed(&mut self, prefix: &str) -> usize {
+        let before = self.0.len();
+        self.0.retain(|name, _| !name.starts_with(prefix));
+        before - self.0.len()
+    }
+
     /// Iterates over the headers in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v))

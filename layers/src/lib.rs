@@ -142,6 +142,7 @@ mod lifeline;
 pub mod partition;
 pub mod pause;
 mod permit;
+pub mod provenance;
 mod publish;
 pub mod redelivery;
 pub mod retry;

@@ -8,7 +8,10 @@
 //! and so are the `x-acemq-original-*` ones (exchange, routing key, the
 //! producer's trace context), so a handler that dispatches on
 //! [`Delivery::original_routing_key`] still sees where the message first
-//! came from.
+//! came from: the copy carries `x-acemq-replayed`, which the consumer
+//! needs to believe them ([`acemq_layers::provenance`]). A dead letter the
+//! broker moved out of `Q` itself (expired, over a length limit) was never
+//! handled: its `x-acemq-original-*`, the publisher's, are dropped.
 //!
 //! # Nothing lost
 //!
@@ -49,8 +52,9 @@ use std::fmt;
 use std::time::Duration;
 
 use acemq_layers::dead_letter::REASON_HEADER;
-use acemq_layers::headers::{
-    ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, REDELIVERY_COUNT_HEADERS,
+use acemq_layers::headers::REDELIVERY_COUNT_HEADERS;
+use acemq_layers::provenance::{
+    dead_lettered_by_broker_from, ORIGINAL_HEADER_PREFIX, REPLAYED_HEADER,
 };
 use acemq_layers::{Headers, Reason};
 use lapin::message::Delivery;
@@ -466,7 +470,7 @@ async fn publish_back(
 ) -> Option<String> {
     let props = properties_to_lapin(
         &properties_from_lapin(&delivery.properties),
-        &reset(headers),
+        &reset(headers, queue),
     );
     let outcome = publish
         .basic_publish(
@@ -494,22 +498,28 @@ async fn publish_back(
     }
 }
 
-/// The headers of a replayed copy: the attempt count reset (every
-/// `x-acemq-*` header but the `x-acemq-original-*` ones: where the message
-/// came from, the producer's trace context), no `x-delivery-count` nor
-/// `x-acquired-count`.
+/// The headers of a replayed copy to `queue`: the attempt count reset
+/// (every `x-acemq-*` header but the `x-acemq-original-*` ones: where the
+/// message came from, the producer's trace context), no `x-delivery-count`
+/// nor `x-acquired-count`, and [`REPLAYED_HEADER`], so the consumer
+/// believes the provenance kept. A copy the broker dead-lettered out of
+/// `queue` itself (expired, over a length limit) was never handled by
+/// acemq: its `x-acemq-original-*` are whatever its publisher sent, and
+/// are dropped.
 #[doc(hidden)]
-pub fn reset(headers: Headers) -> Headers {
-    headers
+pub fn reset(headers: Headers, queue: &str) -> Headers {
+    let provenance = !dead_lettered_by_broker_from(&headers, queue);
+    let mut headers: Headers = headers
         .into_iter()
         .filter(|(name, _)| {
-            name == ORIGINAL_EXCHANGE_HEADER
-                || name == ORIGINAL_ROUTING_KEY_HEADER
-                || name.starts_with("x-acemq-original-")
-                || !(name.starts_with("x-acemq-")
-                    || REDELIVERY_COUNT_HEADERS.contains(&name.as_str()))
+            if name.starts_with(ORIGINAL_HEADER_PREFIX) {
+                return provenance;
+            }
+            !(name.starts_with("x-acemq-") || REDELIVERY_COUNT_HEADERS.contains(&name.as_str()))
         })
-        .collect()
+        .collect();
+    headers.insert(REPLAYED_HEADER, true);
+    headers
 }
 
 #[cfg(test)]
@@ -537,7 +547,7 @@ mod tests {
         ] {
             h.insert(name, Value::from(name));
         }
-        let kept: Vec<String> = reset(h).into_iter().map(|(k, _)| k).collect();
+        let kept: Vec<String> = reset(h.clone(), "q").into_iter().map(|(k, _)| k).collect();
         assert_eq!(
             kept,
             [
@@ -545,8 +555,19 @@ mod tests {
                 "x-acemq-original-exchange",
                 "x-acemq-original-routing-key",
                 "x-acemq-original-traceparent",
+                "x-acemq-replayed",
                 "x-custom"
             ]
+        );
+        // Dead-lettered by the broker out of `q` itself: the publisher's
+        // provenance headers, never checked, are dropped.
+        let mut death = Headers::new();
+        death.insert("queue", "q");
+        h.insert("x-death", Value::Array(vec![Value::Table(death)]));
+        let kept: Vec<String> = reset(h, "q").into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            kept,
+            ["traceparent", "x-acemq-replayed", "x-custom", "x-death"]
         );
     }
 

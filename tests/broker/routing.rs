@@ -192,6 +192,59 @@ async fn a_retried_message_from_an_exchange_keeps_its_exchange_and_routing_key_a
 }
 
 #[tokio::test]
+async fn provenance_a_publisher_sends_is_not_believed_on_the_first_attempt_nor_after_the_rung() {
+    let q = unique("routing.forged");
+    let x = unique("routing.forged-x");
+    let mut config = retry_config(&q, 2, MS(400), MS(400), MS(400));
+    config.queues[0].bindings = vec![BindingConfig::new(&x, ["orders.#"])];
+    config.exchanges = vec![ExchangeConfig::new(&x, ExchangeKind::Topic)];
+    let _cleanup = (
+        QueueCleanup::new(topology_queues(&config)),
+        ExchangeCleanup(vec![x.clone()]),
+    );
+    let mut broker = Broker::new().await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let running = start_consuming(config, &q, recorder(log.clone(), true)).await;
+    let forged = || {
+        BasicProperties::default().with_headers(field_table(vec![
+            ("x-acemq-original-exchange", long_str("payments")),
+            ("x-acemq-original-routing-key", long_str("refund.approved")),
+        ]))
+    };
+    // Through the bound exchange, then straight to the queue through the
+    // default exchange (as a rung's copy comes, but with no rung's x-death).
+    publish_to(&mut broker, &x, "orders.new.eu", forged()).await;
+    publish_to(&mut broker, "", &q, forged()).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            log.lock().unwrap().len() == 4
+        })
+        .await,
+        "both messages' attempt 2 arrive from the rung: {:?}",
+        log.lock().unwrap()
+    );
+    running.drain().await.expect("clean drain");
+    let log = log.lock().unwrap().clone();
+    // Each attempt's provenance, sorted: on both attempts of both messages,
+    // where the message really came from.
+    let originals = |attempt: u32| {
+        let mut seen: Vec<(String, String)> = log
+            .iter()
+            .filter(|s| s.attempt == attempt)
+            .map(|s| (s.original_exchange.clone(), s.original_routing_key.clone()))
+            .collect();
+        seen.sort();
+        seen
+    };
+    let truth = vec![
+        (String::new(), q.clone()),
+        (x.clone(), "orders.new.eu".to_owned()),
+    ];
+    assert_eq!(originals(1), truth, "{log:?}");
+    assert_eq!(originals(2), truth, "{log:?}");
+}
+
+#[tokio::test]
 async fn queue_arguments_in_config_pass_through_so_an_existing_queue_with_them_is_accepted() {
     let q = unique("routing.args");
     let _cleanup = QueueCleanup::new(vec![q.clone()]);
