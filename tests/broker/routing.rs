@@ -244,6 +244,100 @@ async fn provenance_a_publisher_sends_is_not_believed_on_the_first_attempt_nor_a
     assert_eq!(originals(2), truth, "{log:?}");
 }
 
+/// Whether `queue` holds `n` ready messages within 10 s.
+async fn holds_within(broker: &mut Broker, queue: &str, n: u32) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        if broker.ready(queue).await == Some(n) {
+            return true;
+        }
+        tokio::time::sleep(MS(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_replayed_dead_letter_keeps_its_provenance_and_a_broker_expired_one_does_not() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let q = unique("routing.replayed");
+    let x = unique("routing.replayed-x");
+    let mut config = retry_config(&q, 1, MS(400), MS(400), MS(400));
+    config.queues[0].bindings = vec![BindingConfig::new(&x, ["orders.#"])];
+    config.exchanges = vec![ExchangeConfig::new(&x, ExchangeKind::Topic)];
+    let _cleanup = (
+        QueueCleanup::new(topology_queues(&config)),
+        ExchangeCleanup(vec![x.clone()]),
+    );
+    let dlq = format!("{q}.dlq");
+    let mut broker = Broker::new().await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let reject = Arc::new(AtomicBool::new(true));
+    let handler = {
+        let (log, reject) = (log.clone(), reject.clone());
+        service_fn(move |d: Delivery| {
+            log.lock().unwrap().push(seen(&d));
+            let reject = reject.load(Ordering::SeqCst);
+            async move {
+                Ok::<_, BoxError>(if reject {
+                    Verdict::dead_letter("not yet")
+                } else {
+                    Verdict::Ack
+                })
+            }
+        })
+    };
+    // 1. Rejected on its first attempt: acemq's dead-letter copy, with the
+    //    provenance the consumer saw.
+    let running = start_consuming(config.clone(), &q, handler.clone()).await;
+    publish_to(&mut broker, &x, "orders.new.eu", BasicProperties::default()).await;
+    assert!(holds_within(&mut broker, &dlq, 1).await, "dead-lettered");
+    running.drain().await.expect("clean drain");
+    // 2. A publisher's message with forged provenance, expired by the
+    //    broker into the DLQ with no consumer running.
+    let forged = BasicProperties::default()
+        .with_expiration("1".into())
+        .with_headers(field_table(vec![
+            ("x-acemq-original-exchange", long_str("payments")),
+            ("x-acemq-original-routing-key", long_str("refund.approved")),
+        ]));
+    publish_to(&mut broker, "", &q, forged).await;
+    assert!(
+        holds_within(&mut broker, &dlq, 2).await,
+        "expired into the DLQ"
+    );
+    // 3. Replayed to a consumer that now accepts both.
+    reject.store(false, Ordering::SeqCst);
+    log.lock().unwrap().clear();
+    let running = start_consuming(config, &q, handler).await;
+    let report = acemq::replay::replay_dead_letters(&addr(), &q, Default::default())
+        .await
+        .expect("replayed");
+    assert_eq!(report.moved, 2, "{report}");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            log.lock().unwrap().len() == 2
+        })
+        .await,
+        "both replayed copies handled: {:?}",
+        log.lock().unwrap()
+    );
+    running.drain().await.expect("clean drain");
+    let mut originals: Vec<(String, String)> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| (s.original_exchange.clone(), s.original_routing_key.clone()))
+        .collect();
+    originals.sort();
+    assert_eq!(
+        originals,
+        [
+            (String::new(), q.clone()),
+            (x.clone(), "orders.new.eu".to_owned())
+        ]
+    );
+}
+
 #[tokio::test]
 async fn queue_arguments_in_config_pass_through_so_an_existing_queue_with_them_is_accepted() {
     let q = unique("routing.args");
