@@ -22,7 +22,7 @@ impl fmt::Display for MissingMessageId {
         write!(
             f,
             "delivery from {:?} has no message id, and the inbox rejects those: \
-             publish with a message id, or set the inbox to MissingId::Handle",
+             publish with a message id (or key the inbox with InboxLayer::key_fn), or set the inbox to MissingId::Handle",
             self.queue
         )
     }

@@ -7,7 +7,9 @@
 //! sent publishes it again, with the same message id. [`InboxLayer`] keys
 //! each delivery by (queue, [message id](crate::Properties::message_id))
 //! — per queue, so a fanout to several queues is handled once on each —
-//! and skips a key it has processed.
+//! and skips a key it has processed. A key of your own, a function of the
+//! delivery (its body included), replaces the message id:
+//! [`InboxLayer::key_fn`].
 //!
 //! # Semantics
 //!
@@ -33,11 +35,20 @@
 //!   is skipped. Either way the work is committed exactly once — provided
 //!   the handler writes only through the transaction it is given (a side
 //!   effect outside it, such as an HTTP call, is at-least-once still).
-//! - A delivery without a message id is handled with a warning and
-//!   counted in `acemq.inbox.missing_id` {queue} ([`MissingId::Handle`],
-//!   the default: it still gets a transaction, but no mark), or refused
-//!   with a [`Reject`](crate::Reject)ed [`MissingMessageId`]
+//! - A delivery without a key (no message id, or `key_fn` said `None`) is
+//!   handled with a warning and counted in `acemq.inbox.missing_id`
+//!   {queue} ([`MissingId::Handle`], the default: it still gets a
+//!   transaction, but no mark), or refused with a
+//!   [`Reject`](crate::Reject)ed [`MissingMessageId`]
 //!   ([`MissingId::Reject`]), which the dead-letter layer dead-letters.
+//!
+//!   **What `MissingId::Handle` costs:** such a delivery is *at least
+//!   once*, not exactly once — a redelivery of it (a crash before the ack,
+//!   a publisher's retry) runs the handler and commits its work again. The
+//!   first inbox built with it says so once in a warning at start. Where
+//!   every message must be handled once, use [`MissingId::Reject`] (and a
+//!   dead-letter queue), and give every message a key: a message id on
+//!   every publish, or [`InboxLayer::key_fn`].
 //! - A store error (the database unreachable) is the delivery's error: the
 //!   retry layer judges it like any transient failure.
 //! - A handler that ends the transaction itself (a `COMMIT` or `ROLLBACK`
@@ -93,16 +104,19 @@ mod store;
 
 pub use count::duplicates;
 pub use error::{MissingMessageId, TransactionEnded};
-pub use layer::InboxLayer;
+pub use layer::{InboxKey, InboxLayer};
 pub use service::Inbox;
 pub use store::{Begun, InboxStore, MemoryInbox, MemoryTransaction};
 
-/// What the inbox does with a delivery that has no message id.
+/// What the inbox does with a delivery that has no key: no message id, or
+/// [`InboxLayer::key_fn`]'s function said `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingId {
     /// Handle it (in a transaction, with no mark) and log a warning: a
-    /// duplicate of it cannot be recognised. The default.
+    /// duplicate of it cannot be recognised, so its work is done, and
+    /// committed, once per delivery — at least once, not exactly once. The
+    /// default; the first inbox built with it warns once at start.
     #[default]
     Handle,
     /// Refuse it with a permanent error ([`MissingMessageId`] in a

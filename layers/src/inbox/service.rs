@@ -1,11 +1,14 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::mem;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tower::Service;
 
 use super::error::MissingMessageId;
 use super::future::ResponseFuture;
+use super::layer::InboxKey;
 use super::{InboxLayer, InboxOutcome, InboxStore, MissingId};
 use crate::delivery::Delivery;
 use crate::error::{BoxError, Reject};
@@ -22,6 +25,21 @@ pub struct Inbox<S, St> {
     inner: S,
     store: St,
     missing: MissingId,
+    key: Option<InboxKey>,
+}
+
+/// Says once per process, when the first inbox service with
+/// [`MissingId::Handle`] is built (at start), what that default costs.
+pub(super) fn warn_once_handle() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "the inbox handles a delivery without a key (message id) with no mark \
+             (MissingId::Handle, the default): a redelivery of it runs the handler again; \
+             set a message id on every publish, key the inbox with key_fn, or refuse such \
+             deliveries with missing_id(MissingId::Reject)"
+        );
+    }
 }
 
 impl<S, St> Inbox<S, St> {
@@ -31,7 +49,15 @@ impl<S, St> Inbox<S, St> {
             inner,
             store,
             missing: MissingId::Handle,
+            key: None,
         }
+    }
+
+    /// Keys deliveries with `key` instead of the message id (`None`: the
+    /// message id); see [`InboxLayer::key_fn`].
+    pub fn with_key(mut self, key: Option<InboxKey>) -> Self {
+        self.key = key;
+        self
     }
 
     /// What to do with a delivery without message id (default
@@ -77,21 +103,20 @@ where
     }
 
     fn call(&mut self, req: Delivery) -> Self::Future {
-        let key = req
-            .properties()
-            .message_id
-            .as_deref()
-            .filter(|id| !id.is_empty());
-        let begin = match (key, self.missing) {
-            (Some(id), _) => self.store.begin(Some((req.queue(), id))),
+        let key: Option<Cow<'_, str>> = match &self.key {
+            Some(f) => f.key(&req).map(Cow::Owned),
+            None => req.properties().message_id.as_deref().map(Cow::Borrowed),
+        };
+        let begin = match (key.filter(|k| !k.is_empty()), self.missing) {
+            (Some(id), _) => self.store.begin(Some((req.queue(), &id))),
             (None, MissingId::Handle) => {
                 metrics::counter!("acemq.inbox.missing_id", "queue" => req.queue().to_owned())
                     .increment(1);
                 tracing::warn!(
                     queue = req.queue(),
                     delivery_tag = req.delivery_tag(),
-                    "delivery without message id: the inbox cannot recognise a duplicate of it; \
-                     handling it anyway (set a message id on every publish)"
+                    "delivery without an inbox key (message id): the inbox cannot recognise a \
+                     duplicate of it; handling it anyway (set a message id on every publish)"
                 );
                 self.store.begin(None)
             }
@@ -115,6 +140,7 @@ impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for Inbox<S, St> {
             .field("inner", &self.inner)
             .field("store", &self.store)
             .field("missing", &self.missing)
+            .field("key", &self.key)
             .finish()
     }
 }

@@ -163,3 +163,48 @@ async fn a_duplicate_is_counted_for_its_queue() {
     assert_eq!(duplicates(queue), 2);
     assert_eq!(duplicates("inbox-tests.other"), 0);
 }
+
+fn body_delivery(queue: &str, body: &str) -> Delivery {
+    Delivery::builder()
+        .queue(queue)
+        .body(body.to_owned())
+        .build()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_key_from_the_body_skips_a_second_delivery_of_the_same_event_without_message_id() {
+    let store = MemoryInbox::new();
+    let work = Work::default();
+    let mut svc = InboxLayer::new(store.clone())
+        .key_fn(|d| {
+            let event = std::str::from_utf8(d.body()).ok()?.split(':').next()?;
+            Some(event.to_owned())
+        })
+        .missing_id(MissingId::Reject)
+        .layer(work.service());
+    let mut outcomes = Vec::new();
+    for body in ["e-1:first", "e-1:again", "e-2:other"] {
+        let r = svc.ready().await.unwrap().call(body_delivery("q", body));
+        outcomes.push(r.await.unwrap());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            InboxOutcome::Handled(()),
+            InboxOutcome::Duplicate,
+            InboxOutcome::Handled(())
+        ]
+    );
+    assert_eq!(work.calls.load(Ordering::SeqCst), 2);
+    assert!(store.contains("q", "e-1") && store.contains("q", "e-2"));
+    // The function's `None` (here: an empty body's empty key) is no key.
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(body_delivery("q", ""))
+        .await
+        .unwrap_err();
+    assert!(err.is::<Reject>(), "{err}");
+    assert_eq!(work.calls.load(Ordering::SeqCst), 2);
+}
