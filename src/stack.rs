@@ -6,7 +6,7 @@
 //! | | layer | why there |
 //! |---|---|---|
 //! | 1 | pause gate | a held delivery has not started: not in flight, handed back without touching anything below |
-//! | 1a | per-key ordering (the queue's `ordered_by`, if set) | a delivery waiting for its key's turn is held; the key is kept through in-process retries |
+//! | 1a | per-key ordering ([`QueueStack::ordered_by_fn`], or the queue's `ordered_by`, if set) | a delivery waiting for its key's turn is held; the key is kept through in-process retries |
 //! | 2 | **your outer layers** ([`QueueStack::outer`]) | see each delivery once, with its final [`Outcome`]: audit, tracing, a circuit breaker or a rate limit that should count the whole delivery, retries included |
 //! | 2½ | batch forming (a queue consumed with [`App::consume_batch`](crate::App::consume_batch)) | a delivery waiting for its batch to fill, or for a running batch to finish, is held; see [`crate::batch`] |
 //! | 3 | claim: in-flight count and concurrency | the delivery enters the handler's side: from here it is in flight and holds one of the queue's `concurrency` permits |
@@ -120,6 +120,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use acemq_layers::partition::KeyFn;
 use acemq_layers::{
     BoxError, BreakerPolicy, CancelLayer, Cancellation, CircuitBreakerLayer, ClaimLayer, Classify,
     DeadLetterLayer, DeadLetterRetryLayer, Decision, DefaultClassifier, Delivery, InFlightCounter,
@@ -130,7 +131,7 @@ use tower::layer::util::{Identity, Stack};
 use tower::util::MapResultLayer;
 use tower::{Layer, Service, ServiceBuilder};
 
-use crate::config::QueueConfig;
+use crate::config::{OrderedBy, QueueConfig};
 
 /// A delivery's final decision, as your outer layers see it: readable, not
 /// constructible (see the [module docs](self)).
@@ -227,6 +228,8 @@ pub struct QueueStack<O = Identity, I = Identity, C = DefaultClassifier> {
     classifier: C,
     pub(crate) policy: Option<RetryPolicy>,
     breaker: Option<BreakerPolicy>,
+    /// The key per-key ordering uses, instead of the config's `ordered_by`.
+    ordered_by: Option<OrderedBy>,
     /// Whether [`outer`](Self::outer) was called: without outer layers (and
     /// without ordering or batches) a delivery goes from the pause gate
     /// straight to the claim.
@@ -243,6 +246,7 @@ impl QueueStack {
             classifier: DefaultClassifier,
             policy: None,
             breaker: None,
+            ordered_by: None,
             has_outer: false,
         }
     }
@@ -265,6 +269,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             classifier: self.classifier,
             policy: self.policy,
             breaker: self.breaker,
+            ordered_by: self.ordered_by,
             has_outer: true,
         }
     }
@@ -278,6 +283,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             classifier: self.classifier,
             policy: self.policy,
             breaker: self.breaker,
+            ordered_by: self.ordered_by,
             has_outer: self.has_outer,
         }
     }
@@ -291,6 +297,7 @@ impl<O, I, C> QueueStack<O, I, C> {
             classifier,
             policy: self.policy,
             breaker: self.breaker,
+            ordered_by: self.ordered_by,
             has_outer: self.has_outer,
         }
     }
@@ -310,6 +317,50 @@ impl<O, I, C> QueueStack<O, I, C> {
         self.breaker = Some(policy);
         self
     }
+
+    /// Orders this queue's deliveries by `by`, instead of the config's
+    /// `ordered_by` (see [`crate::config::OrderedBy`]).
+    pub fn ordered_by(mut self, by: OrderedBy) -> Self {
+        self.ordered_by = Some(by);
+        self
+    }
+
+    /// Orders this queue's deliveries by `key`, a function of the delivery,
+    /// its body included, instead of the config's `ordered_by`: equal keys
+    /// run one at a time, in arrival order; `None` runs unordered.
+    ///
+    /// The key is computed once per delivery, before the handler, and left
+    /// in the delivery's extensions as an
+    /// [`OrderingKey<T>`](acemq_layers::partition::OrderingKey): the
+    /// handler reads it there instead of parsing the body again. To hand
+    /// the handler more than the key (the whole parsed body), return a type
+    /// whose `Hash` covers only the key, or use
+    /// [`KeyFn::new`](acemq_layers::partition::KeyFn::new) with
+    /// [`ordered_by`](Self::ordered_by).
+    ///
+    /// ```
+    /// use acemq::layers::partition::OrderingKey;
+    /// use acemq::{Delivery, QueueStack};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Event { account: String }
+    ///
+    /// let stack = QueueStack::new().ordered_by_fn(|d: &Delivery| {
+    ///     serde_json::from_slice::<Event>(d.body()).ok().map(|e| e.account)
+    /// });
+    /// // In the handler:
+    /// fn account(d: &Delivery) -> Option<&str> {
+    ///     d.extensions().get::<OrderingKey<String>>().map(|k| k.0.as_str())
+    /// }
+    /// # let _ = (stack, account);
+    /// ```
+    pub fn ordered_by_fn<T, F>(self, key: F) -> Self
+    where
+        T: std::hash::Hash + Clone + Send + Sync + 'static,
+        F: Fn(&Delivery) -> Option<T> + Send + Sync + 'static,
+    {
+        self.ordered_by(OrderedBy::Fn(KeyFn::hashed("ordered_by_fn", key)))
+    }
 }
 
 impl<O, I, C> fmt::Debug for QueueStack<O, I, C> {
@@ -317,6 +368,7 @@ impl<O, I, C> fmt::Debug for QueueStack<O, I, C> {
         f.debug_struct("QueueStack")
             .field("policy", &self.policy)
             .field("breaker", &self.breaker)
+            .field("ordered_by", &self.ordered_by)
             .field("has_outer", &self.has_outer)
             .finish_non_exhaustive()
     }
@@ -448,7 +500,10 @@ where
             }
         })
         .service(stack.inner.layer(handler));
-    let (batch, ordered_by) = (parts.batch, q.ordered_by.as_ref());
+    let (batch, ordered_by) = (
+        parts.batch,
+        stack.ordered_by.as_ref().or(q.ordered_by.as_ref()),
+    );
     // Nothing between the pause gate and the claim: a delivery goes
     // straight from one to the other, one future instead of five (the
     // option of ordering, your outer layers and the option of batches,

@@ -295,3 +295,65 @@ async fn a_handler_not_ready_for_its_retry_hands_the_delivery_back_with_or_witho
     assert_eq!(*calls.lock().unwrap(), 1, "attempt 1 only");
     assert!(r.published.is_empty(), "nothing dead-lettered: {r:?}");
 }
+
+/// What a handler found in its delivery's extensions: the key of
+/// `ordered_by_fn` and the body parsed by `ordered_by: { json: .. }`.
+type Seen = Arc<Mutex<Vec<(Option<String>, Option<serde_json::Value>)>>>;
+
+fn noting(
+    seen: Seen,
+) -> impl tower::Service<Delivery, Response = (), Error = BoxError, Future: Send> + Clone + Send {
+    service_fn(move |d: Delivery| {
+        let key = d
+            .extensions()
+            .get::<acemq::layers::partition::OrderingKey<String>>()
+            .map(|k| k.0.clone());
+        let body = d
+            .extensions()
+            .get::<acemq::config::JsonBody>()
+            .map(|b| b.value().clone());
+        seen.lock().unwrap().push((key, body));
+        async { Ok::<_, BoxError>(()) }
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn ordering_by_a_function_of_the_body_hands_its_key_to_the_handler() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let stack = QueueStack::new().ordered_by_fn(|d: &Delivery| {
+        let text = std::str::from_utf8(d.body()).ok()?;
+        Some(text.split_once(':')?.0.to_owned())
+    });
+    let mut h = TestQueue::with_stack(
+        queue("queues: [{ name: events }]"),
+        stack,
+        noting(seen.clone()),
+    );
+    assert_eq!(h.deliver_body("acct-7:deposit").await.fate, Fate::Acked);
+    assert_eq!(h.deliver_body("no key").await.fate, Fate::Acked);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(Some("acct-7".to_owned()), None), (None, None)]
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn ordering_by_a_json_field_from_config_hands_the_parsed_body_to_the_handler() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let q = queue("queues: [{ name: orders, ordered_by: { json: /customer } }]");
+    let mut h = TestQueue::new(q.clone(), noting(seen.clone()));
+    let order = r#"{"id": "o-1", "customer": "ada"}"#;
+    assert_eq!(h.deliver_body(order).await.fate, Fate::Acked);
+    assert_eq!(h.deliver_body("not json").await.fate, Fate::Acked);
+    let parsed: serde_json::Value = serde_json::from_str(order).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(None, Some(parsed)), (None, None)]);
+    // The code form takes the place of the config's.
+    seen.lock().unwrap().clear();
+    let stack = QueueStack::new().ordered_by_fn(|d: &Delivery| Some(d.body().len().to_string()));
+    let mut h = TestQueue::with_stack(q, stack, noting(seen.clone()));
+    h.deliver_body(order).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(Some(order.len().to_string()), None)]
+    );
+}

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use acemq::config::JsonBody;
 use acemq::layers::Escaped;
 use acemq::{BoxError, Delivery, Reject};
 use serde::Deserialize;
@@ -76,7 +77,13 @@ pub(crate) struct Stats {
 
 async fn handle(stats: Arc<Stats>, delivery: Delivery) -> Result<(), BoxError> {
     let attempt = delivery.attempt();
-    let order: Order = match serde_json::from_slice(delivery.body()) {
+    // Ordered by a field of the body (`ordered_by: { json: /customer }`),
+    // the body was parsed for its key: read the order from that.
+    let parsed = match delivery.extensions().get::<JsonBody>() {
+        Some(body) => Order::deserialize(body.value()),
+        None => serde_json::from_slice(delivery.body()),
+    };
+    let order: Order = match parsed {
         Ok(o) => o,
         Err(e) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);

@@ -18,7 +18,7 @@
 //! queue consumed.
 //!
 //! `--seed NAME` picks another batch to seed instead (`seeds.rs`):
-//! `customers`, 40 orders of 4 customers (header `x-customer`, 50 ms of
+//! `customers`, 40 orders of 4 customers (field `customer` and header `x-customer`, 50 ms of
 //! work each), for `examples/shop.ordered.yaml`'s per-key ordering;
 //! `outage`, 20 orders that fail until 3 s after they were published
 //! (`fail_until_ms`), for `examples/shop.breaker.yaml`'s circuit breaker.

@@ -1,6 +1,6 @@
 //! The batches of orders the shop publishes at start (`--seed NAME`):
 //! `demo` walks every path of the handler, `customers` shows per-key
-//! ordering (`ordered_by: { header: x-customer }`), `outage` the circuit
+//! ordering (`ordered_by: { json: /customer }`, or the header `x-customer`), `outage` the circuit
 //! breaker (`circuit_breaker`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,8 +25,9 @@ pub(crate) enum Seed {
     /// One order per path: success, an in-process retry, a rung hop, a
     /// permanent rejection, a panic, an exhausted order, not an order.
     Demo,
-    /// 40 orders of 4 customers (header `x-customer`), interleaved: each
-    /// customer's orders numbered in publish order (`ada-0` … `ada-9`).
+    /// 40 orders of 4 customers (field `customer`, and header `x-customer`),
+    /// interleaved: each customer's orders numbered in publish order
+    /// (`ada-0` … `ada-9`).
     Customers,
     /// 20 orders whose every attempt fails until 3 s after the publish
     /// (`fail_until_ms`), then succeeds.
@@ -108,7 +109,10 @@ fn customers() -> Vec<SeedOrder> {
     for n in 0..ORDERS_PER_CUSTOMER {
         for customer in CUSTOMERS {
             let id = format!("{customer}-{n}");
-            let mut order = SeedOrder::new(&id, format!(r#"{{"id":"{id}","work_ms":{work_ms}}}"#));
+            let mut order = SeedOrder::new(
+                &id,
+                format!(r#"{{"id":"{id}","customer":"{customer}","work_ms":{work_ms}}}"#),
+            );
             order.headers.insert("x-customer", customer);
             out.push(order);
         }

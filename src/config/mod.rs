@@ -62,6 +62,7 @@ mod validate_routing;
 pub use acemq_layers::partition::OrderedBy;
 pub use breaker::CircuitBreakerConfig;
 pub use error::{ConfigError, Format};
+pub use ordering::{json_key, JsonBody};
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 pub use schema::{Config, TlsConfig};

@@ -4,12 +4,24 @@
 //! queues:
 //!   - name: shop.orders
 //!     concurrency: 8
-//!     ordered_by: { header: x-customer }   # or: routing_key, message_id
+//!     ordered_by: { header: x-customer }   # or: routing_key, message_id,
+//!                                          # { json: /customer/id }
 //! ```
 //!
 //! Deliveries with equal keys run one at a time, in the order they arrived;
 //! different keys run up to `concurrency`. A delivery without the key runs
-//! unordered. A delivery waiting for its key's turn is held: it takes no
+//! unordered.
+//!
+//! `{ json: POINTER }` keys on a field of a JSON body, where no header
+//! carries the key: a [JSON pointer](https://www.rfc-editor.org/rfc/rfc6901)
+//! (`/customer_id`, `/customer/id`, `/lines/0/sku`). A string, a number or a
+//! boolean there is the key (the string `"7"` and the number `7` are
+//! different keys); a body that is not JSON, or has `null`, an object, an
+//! array or nothing there, has no key and runs unordered. The body is
+//! parsed once: the parsed document goes into the delivery's extensions as
+//! a [`JsonBody`], which the handler reads instead of parsing again
+//! (`Order::deserialize(body.value())`). From code, a key of any function
+//! of the delivery: [`QueueStack::ordered_by_fn`](crate::QueueStack::ordered_by_fn). A delivery waiting for its key's turn is held: it takes no
 //! concurrency permit and the drain hands it back. An in-process retry
 //! keeps the key; a retry through a rung gives up the order for that
 //! message (it comes back at the end of the queue). See
@@ -29,18 +41,77 @@
 //! assert_eq!(config.queues[0].ordered_by, Some(OrderedBy::Header("x-customer".into())));
 //! ```
 
-use acemq_layers::partition::OrderedBy;
+use std::sync::Arc;
+
+use acemq_layers::partition::{key_hash, KeyFn, OrderedBy};
+use acemq_layers::Delivery;
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use super::error::ConfigError;
 
-/// The written forms: `routing_key`, `message_id`, `{ header: NAME }`
-/// (the same in YAML, TOML and JSON).
+/// A delivery's body as parsed by `ordered_by: { json: POINTER }`, in its
+/// extensions: the handler deserializes from it instead of parsing the body
+/// again. Only a delivery whose body is JSON with a key at the pointer
+/// carries one.
+///
+/// ```
+/// use acemq::config::JsonBody;
+/// use acemq::Delivery;
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Order { id: String }
+///
+/// fn order(d: &Delivery) -> serde_json::Result<Order> {
+///     match d.extensions().get::<JsonBody>() {
+///         Some(body) => Order::deserialize(body.value()),
+///         None => serde_json::from_slice(d.body()),
+///     }
+/// }
+/// # let _ = order;
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct JsonBody(Arc<Value>);
+
+impl JsonBody {
+    /// The parsed body.
+    pub fn value(&self) -> &Value {
+        &self.0
+    }
+}
+
+/// The key at `pointer` in a JSON body, the document left in the
+/// delivery's extensions as a [`JsonBody`].
+pub fn json_key(pointer: &str) -> OrderedBy {
+    let at = pointer.to_owned();
+    OrderedBy::Fn(KeyFn::new(
+        format!("json {pointer}"),
+        move |d: &Delivery, found| {
+            let doc: Value = serde_json::from_slice(d.body()).ok()?;
+            let key = match doc.pointer(&at)? {
+                Value::String(s) => key_hash(s.as_bytes()),
+                Value::Number(n) => match n.as_i64() {
+                    Some(i) => key_hash(&i),
+                    None => key_hash(&n.to_string()),
+                },
+                Value::Bool(b) => key_hash(b),
+                Value::Null | Value::Array(_) | Value::Object(_) => return None,
+            };
+            found.insert(JsonBody(Arc::new(doc)));
+            Some(key)
+        },
+    ))
+}
+
+/// The written forms: `routing_key`, `message_id`, `{ header: NAME }`,
+/// `{ json: POINTER }` (the same in YAML, TOML and JSON).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Raw {
     Name(String),
     Header { header: String },
+    Json { json: String },
 }
 
 impl TryFrom<Raw> for OrderedBy {
@@ -49,11 +120,15 @@ impl TryFrom<Raw> for OrderedBy {
     fn try_from(raw: Raw) -> Result<Self, String> {
         match raw {
             Raw::Header { header } => Ok(OrderedBy::Header(header.into())),
+            Raw::Json { json } if json.starts_with('/') => Ok(json_key(&json)),
+            Raw::Json { json } => Err(format!(
+                "ordered_by.json: {json:?} is not a JSON pointer: write one that starts with `/`, e.g. `{{ json: /customer_id }}`"
+            )),
             Raw::Name(name) => match name.as_str() {
                 "routing_key" => Ok(OrderedBy::RoutingKey),
                 "message_id" => Ok(OrderedBy::MessageId),
                 other => Err(format!(
-                    "ordered_by: {other:?} is not a key: write `routing_key`, `message_id` or `{{ header: NAME }}`"
+                    "ordered_by: {other:?} is not a key: write `routing_key`, `message_id`, `{{ header: NAME }}` or `{{ json: /POINTER }}`"
                 )),
             },
         }
@@ -111,6 +186,41 @@ mod tests {
             json.ordered_by,
             Some(OrderedBy::Header("x-customer".into()))
         );
+    }
+
+    #[test]
+    fn the_json_form_keys_on_a_field_of_the_body_and_leaves_the_parsed_body() {
+        use acemq_layers::partition::{key_hash, Key};
+        use acemq_layers::Delivery;
+
+        let q = queue("name: q\nordered_by: { json: /customer/id }\n").unwrap();
+        let by = q.ordered_by.expect("a key");
+        assert_eq!(by, super::json_key("/customer/id"));
+        assert_ne!(by, super::json_key("/customer"));
+        let mut d = Delivery::builder()
+            .body(r#"{"customer": {"id": "ada"}, "total": 3}"#)
+            .build();
+        assert_eq!(by.key_mut(&mut d), Some(key_hash(&b"ada"[..])));
+        let body = d
+            .extensions()
+            .get::<super::JsonBody>()
+            .expect("the parsed body");
+        assert_eq!(body.value()["total"], 3);
+        let number = Delivery::builder()
+            .body(r#"{"customer": {"id": 7}}"#)
+            .build();
+        assert_eq!(by.key(&number), Some(key_hash(&7i64)));
+        for keyless in [
+            "not json",
+            r#"{"customer": {}}"#,
+            r#"{"customer": {"id": null}}"#,
+        ] {
+            let mut d = Delivery::builder().body(keyless).build();
+            assert_eq!(by.key_mut(&mut d), None, "{keyless}");
+            assert!(d.extensions().get::<super::JsonBody>().is_none());
+        }
+        let e = queue("name: q\nordered_by: { json: customer_id }\n").unwrap_err();
+        assert!(e.to_string().contains("starts with `/`"), "{e}");
     }
 
     #[test]

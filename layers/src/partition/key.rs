@@ -1,8 +1,11 @@
-//! What a delivery's key is: [`Key`], the ready-made [`OrderedBy`], and
-//! [`key_hash`].
+//! What a delivery's key is: [`Key`], the ready-made [`OrderedBy`], a
+//! function of the delivery ([`KeyFn`]), and [`key_hash`].
 
+use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+use http::Extensions;
 
 use crate::Delivery;
 
@@ -15,6 +18,14 @@ use crate::Delivery;
 pub trait Key {
     /// The key of `delivery`.
     fn key(&self, delivery: &Delivery) -> Option<u64>;
+
+    /// The key of `delivery`, which the key may also leave in the
+    /// delivery's extensions for the handler (what it parsed the body
+    /// into, say, so the handler does not parse it again). The layer calls
+    /// this one; by default it is [`key`](Self::key).
+    fn key_mut(&self, delivery: &mut Delivery) -> Option<u64> {
+        self.key(delivery)
+    }
 }
 
 impl<F> Key for F
@@ -36,7 +47,8 @@ pub fn key_hash<T: Hash + ?Sized>(value: &T) -> u64 {
     h.finish()
 }
 
-/// Ready-made keys: a header's value, the routing key, the message id.
+/// Ready-made keys: a header's value, the routing key, the message id, or
+/// a function of the delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OrderedBy {
     /// The value of this header. A string, byte array or integer value is
@@ -49,7 +61,88 @@ pub enum OrderedBy {
     RoutingKey,
     /// The message id property; a delivery without one has no key.
     MessageId,
+    /// A function of the delivery, its body included: see [`KeyFn`].
+    Fn(KeyFn),
 }
+
+/// The type-erased function behind [`KeyFn`].
+type KeyFnInner = dyn Fn(&Delivery, &mut Extensions) -> Option<u64> + Send + Sync;
+
+/// A key computed by a function of the delivery, body included
+/// ([`OrderedBy::Fn`]): what acemq's `QueueStack::ordered_by_fn` and a
+/// queue's `ordered_by: { json: POINTER }` make.
+///
+/// The function may leave what it found in the delivery's extensions (the
+/// `&mut Extensions` it is given is added to them), so the handler reuses
+/// it instead of parsing the body again; [`KeyFn::hashed`] leaves the key
+/// there as an [`OrderingKey`].
+///
+/// Two `KeyFn`s are equal when their names are: name each distinctly.
+#[derive(Clone)]
+pub struct KeyFn {
+    name: Arc<str>,
+    f: Arc<KeyFnInner>,
+}
+
+impl KeyFn {
+    /// A key named `name` (shown by `Debug`, compared by `==`) computed by
+    /// `f`, which may insert values into the extensions it is given: they
+    /// go into the delivery's.
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        f: impl Fn(&Delivery, &mut Extensions) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        KeyFn {
+            name: name.into(),
+            f: Arc::new(f),
+        }
+    }
+
+    /// A key from `f`'s value, hashed with [`key_hash`] and left in the
+    /// delivery's extensions as an [`OrderingKey<T>`] for the handler.
+    pub fn hashed<T, F>(name: impl Into<Arc<str>>, f: F) -> Self
+    where
+        T: Hash + Clone + Send + Sync + 'static,
+        F: Fn(&Delivery) -> Option<T> + Send + Sync + 'static,
+    {
+        KeyFn::new(name, move |d: &Delivery, ext: &mut Extensions| {
+            let key = f(d)?;
+            let hash = key_hash(&key);
+            ext.insert(OrderingKey(key));
+            Some(hash)
+        })
+    }
+
+    /// The name it was given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl PartialEq for KeyFn {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for KeyFn {}
+
+// A `KeyFn` holds no state of its own that a panic could leave half
+// changed (the function is only called): a config holding one is usable
+// across `catch_unwind`.
+impl std::panic::UnwindSafe for KeyFn {}
+impl std::panic::RefUnwindSafe for KeyFn {}
+
+impl fmt::Debug for KeyFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KeyFn").field(&self.name).finish()
+    }
+}
+
+/// The key [`KeyFn::hashed`] found, in the delivery's extensions:
+/// `delivery.extensions().get::<OrderingKey<T>>()` in the handler.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OrderingKey<T>(pub T);
 
 impl OrderedBy {
     /// The value of header `name`.
@@ -72,6 +165,17 @@ impl Key for OrderedBy {
             }
             OrderedBy::RoutingKey => Some(key_hash(d.original_routing_key())),
             OrderedBy::MessageId => d.properties().message_id.as_deref().map(key_hash),
+            OrderedBy::Fn(k) => (k.f)(d, &mut Extensions::new()),
         }
+    }
+
+    fn key_mut(&self, d: &mut Delivery) -> Option<u64> {
+        let OrderedBy::Fn(k) = self else {
+            return self.key(d);
+        };
+        let mut found = Extensions::new();
+        let key = (k.f)(d, &mut found);
+        d.extensions_mut().extend(found);
+        key
     }
 }

@@ -98,6 +98,27 @@
 //! # }
 //! ```
 //!
+//! A key from the body that the handler finds again, parsed once
+//! ([`KeyFn::hashed`] leaves the key in the delivery's extensions as an
+//! [`OrderingKey`]; [`KeyFn::new`] can leave anything there):
+//!
+//! ```
+//! use acemq_layers::partition::{KeyFn, OrderedBy, OrderingKey, PartitionLayer};
+//! use acemq_layers::Delivery;
+//!
+//! // The account is the body's first line.
+//! let by_account = KeyFn::hashed("account", |d: &Delivery| {
+//!     let line = d.body().split(|b| *b == b'\n').next()?;
+//!     Some(String::from_utf8_lossy(line).into_owned())
+//! });
+//! let layer = PartitionLayer::new(OrderedBy::Fn(by_account));
+//! // In the handler:
+//! fn account(d: &Delivery) -> Option<&str> {
+//!     d.extensions().get::<OrderingKey<String>>().map(|k| k.0.as_str())
+//! }
+//! # let _ = (layer, account);
+//! ```
+//!
 //! A key of your own, from a closure:
 //!
 //! ```
@@ -118,9 +139,11 @@ mod service;
 mod table;
 // Not in the model-checking build: these run on tokio and std, outside loom.
 #[cfg(all(test, not(acemq_loom)))]
+mod key_tests;
+#[cfg(all(test, not(acemq_loom)))]
 mod tests;
 
-pub use key::{key_hash, Key, OrderedBy};
+pub use key::{key_hash, Key, KeyFn, OrderedBy, OrderingKey};
 pub use layer::{PartitionLayer, DEFAULT_MAX_WAITING, DEFAULT_MAX_WAITING_PER_KEY};
 pub use service::Partition;
 

@@ -87,8 +87,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Delivery) -> Self::Future {
-        let Some(key) = self.key.key(&req) else {
+    fn call(&mut self, mut req: Delivery) -> Self::Future {
+        let Some(key) = self.key.key_mut(&mut req) else {
             return ResponseFuture::running(self.inner.call(req), None);
         };
         match self.shared.enter(key) {
