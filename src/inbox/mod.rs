@@ -36,6 +36,11 @@
 //!
 //! The tables come from [`outbox::migrate`](crate::outbox::migrate).
 //!
+//! A handler written against [`InboxTransaction`] instead runs under
+//! either store: through PostgreSQL under `PgInbox`, and under
+//! [`MemoryInbox`](acemq_layers::inbox::MemoryInbox) in a test without a
+//! database, where its writes are recorded and kept at commit only.
+//!
 //! ```no_run
 //! use acemq::inbox::{PgInbox, PgTransaction};
 //! use acemq::layers::inbox::InboxLayer;
@@ -62,9 +67,11 @@
 //! ```
 
 mod client;
+mod either;
 mod store;
 mod transaction;
 
 pub use client::InboxClient;
+pub use either::InboxTransaction;
 pub use store::PgInbox;
 pub use transaction::{NoTransaction, PgTransaction};

@@ -37,8 +37,9 @@ struct Inner {
     key: Option<(String, String)>,
 }
 
-/// The delivery has no [`PgTransaction`]: the handler is not under an
-/// `InboxLayer` on a [`PgInbox`](super::PgInbox).
+/// The delivery has no [`PgTransaction`] (or, for
+/// [`InboxTransaction::of`](super::InboxTransaction::of), no transaction of
+/// either inbox): the handler is not under an `InboxLayer`.
 ///
 /// Example: the [module docs](crate::inbox); runnable: `examples/outbox.rs`.
 #[derive(Debug)]
@@ -48,8 +49,14 @@ impl fmt::Display for NoTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
             "the delivery carries no inbox transaction: wrap the handler in \
-             InboxLayer::new(PgInbox::new(pool))",
+             InboxLayer::new(PgInbox::new(pool)) (or InboxLayer::new(MemoryInbox::new()) in a test)",
         )
+    }
+}
+
+impl NoTransaction {
+    pub(super) fn new() -> Self {
+        NoTransaction(())
     }
 }
 

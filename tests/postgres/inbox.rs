@@ -149,3 +149,52 @@ async fn expiry_deletes_old_marks_only() {
         1
     );
 }
+
+/// `ship`, written against the transaction of either inbox.
+async fn ship_on_either(d: Delivery) -> Result<(), BoxError> {
+    let tx = acemq::inbox::InboxTransaction::of(&d)?;
+    let order = String::from_utf8_lossy(d.body()).into_owned();
+    let id = d.properties().message_id.clone().unwrap_or_default();
+    tx.execute(
+        "INSERT INTO shipments (order_id, message_id) VALUES ($1, $2)",
+        &[&order, &id],
+    )
+    .await?;
+    tx.enqueue(&acemq::outbox::OutboxMessage::to_queue(
+        "shipped",
+        order.clone(),
+    ))
+    .await?;
+    if order == "fail" {
+        return Err("failed after the writes".into());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_on_the_transaction_of_either_inbox_writes_through_postgres_under_pg_inbox() {
+    let db = TestDb::create().await;
+    let mut svc = ServiceBuilder::new()
+        .layer(InboxLayer::new(PgInbox::new(db.pool.clone())))
+        .service_fn(ship_on_either);
+    let mut outcomes = Vec::new();
+    for (id, body) in [("m1", "o-1"), ("m1", "o-1"), ("m2", "fail")] {
+        let r = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(delivery("q", id, body))
+            .await;
+        outcomes.push(r.ok());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            Some(InboxOutcome::Handled(())),
+            Some(InboxOutcome::Duplicate),
+            None
+        ]
+    );
+    assert_eq!(db.count("SELECT count(*) FROM shipments").await, 1);
+    assert_eq!(db.count("SELECT count(*) FROM acemq_outbox").await, 1);
+}

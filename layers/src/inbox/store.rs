@@ -59,9 +59,16 @@ pub trait InboxStore: Clone {
 /// does not wait for a concurrent holder of the same key: a key reserved by
 /// a transaction still in progress is reported as a duplicate. Not durable:
 /// a process restart forgets everything.
+///
+/// A handler's writes can be recorded in its transaction
+/// ([`MemoryTransaction::record`]): they join
+/// [`committed_writes`](MemoryInbox::committed_writes) when the layer
+/// commits, and vanish when it drops the transaction — what a database
+/// would keep, for a test without one.
 #[derive(Clone, Default)]
 pub struct MemoryInbox {
     keys: Arc<Mutex<HashSet<(String, String)>>>,
+    committed: Arc<Mutex<Vec<String>>>,
 }
 
 impl MemoryInbox {
@@ -90,6 +97,14 @@ impl MemoryInbox {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The writes recorded in transactions that committed, in commit order.
+    pub fn committed_writes(&self) -> Vec<String> {
+        self.committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl fmt::Debug for MemoryInbox {
@@ -101,10 +116,25 @@ impl fmt::Debug for MemoryInbox {
 }
 
 /// The transaction of a [`MemoryInbox`]: releases its key when the last
-/// clone drops uncommitted.
+/// clone drops uncommitted. What the handler [`record`](Self::record)s in
+/// it is kept by the store's
+/// [`committed_writes`](MemoryInbox::committed_writes) at commit only.
 #[derive(Clone, Debug)]
 pub struct MemoryTransaction {
     guard: Option<Arc<KeyGuard>>,
+    writes: Arc<Mutex<Vec<String>>>,
+    committed: Arc<Mutex<Vec<String>>>,
+}
+
+impl MemoryTransaction {
+    /// Records a write in the transaction: committed with it, or dropped
+    /// with it.
+    pub fn record(&self, write: impl Into<String>) {
+        self.writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(write.into());
+    }
 }
 
 #[derive(Debug)]
@@ -132,8 +162,13 @@ impl InboxStore for MemoryInbox {
     type CommitFuture = Ready<Result<(), std::convert::Infallible>>;
 
     fn begin(&self, key: Option<(&str, &str)>) -> Self::BeginFuture {
+        let transaction = |guard| MemoryTransaction {
+            guard,
+            writes: Arc::default(),
+            committed: self.committed.clone(),
+        };
         let Some((queue, id)) = key else {
-            return ready(Ok(Begun::Fresh(MemoryTransaction { guard: None })));
+            return ready(Ok(Begun::Fresh(transaction(None))));
         };
         let key = (queue.to_owned(), id.to_owned());
         let fresh = self
@@ -142,19 +177,28 @@ impl InboxStore for MemoryInbox {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key.clone());
         ready(Ok(if fresh {
-            Begun::Fresh(MemoryTransaction {
-                guard: Some(Arc::new(KeyGuard {
-                    keys: self.keys.clone(),
-                    key,
-                    committed: false.into(),
-                })),
-            })
+            Begun::Fresh(transaction(Some(Arc::new(KeyGuard {
+                keys: self.keys.clone(),
+                key,
+                committed: false.into(),
+            }))))
         } else {
             Begun::Duplicate
         }))
     }
 
     fn commit(&self, transaction: MemoryTransaction) -> Self::CommitFuture {
+        let writes = std::mem::take(
+            &mut *transaction
+                .writes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        transaction
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(writes);
         if let Some(guard) = transaction.guard {
             guard
                 .committed

@@ -208,3 +208,32 @@ async fn a_key_from_the_body_skips_a_second_delivery_of_the_same_event_without_m
     assert!(err.is::<Reject>(), "{err}");
     assert_eq!(work.calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn writes_recorded_in_the_memory_transaction_are_kept_at_commit_only() {
+    let store = MemoryInbox::new();
+    let mut svc =
+        InboxLayer::new(store.clone()).layer(tower::service_fn(|d: Delivery| async move {
+            let tx = d
+                .extensions()
+                .get::<MemoryTransaction>()
+                .expect("the transaction");
+            tx.record(format!("ship {}", String::from_utf8_lossy(d.body())));
+            if &d.body()[..] == b"fail" {
+                return Err::<(), BoxError>("failed after the write".into());
+            }
+            Ok(())
+        }));
+    for (id, body) in [("m1", "o-1"), ("m1", "o-1"), ("m2", "fail"), ("m3", "o-3")] {
+        let d = Delivery::builder()
+            .queue("q")
+            .body(body)
+            .properties(Properties {
+                message_id: Some(id.into()),
+                ..Properties::default()
+            })
+            .build();
+        let _ = svc.ready().await.unwrap().call(d).await;
+    }
+    assert_eq!(store.committed_writes(), ["ship o-1", "ship o-3"]);
+}
