@@ -357,3 +357,44 @@ async fn ordering_by_a_json_field_from_config_hands_the_parsed_body_to_the_handl
         [(Some(order.len().to_string()), None)]
     );
 }
+
+/// A writer the test's subscriber logs into.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// No other test of this file builds an inbox: the warning is once per
+// process, and this test sees the first.
+#[test]
+fn an_inbox_that_handles_deliveries_without_a_key_says_so_once_when_built() {
+    use acemq::layers::inbox::{InboxLayer, MemoryInbox, MissingId};
+    use tower::Layer;
+
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let handler = failing(0);
+        let rejecting = InboxLayer::new(MemoryInbox::new()).missing_id(MissingId::Reject);
+        let _ = rejecting.layer(handler.clone());
+        assert!(log.0.lock().unwrap().is_empty(), "no warning with Reject");
+        let handling = InboxLayer::new(MemoryInbox::new());
+        let _ = handling.layer(handler.clone());
+        let _ = handling.layer(handler);
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches("MissingId::Handle").count(), 1, "{text}");
+    assert!(text.contains("WARN") && text.contains("again"), "{text}");
+}
