@@ -2,7 +2,8 @@
 //! order they arrived; different keys run side by side.
 //!
 //! [`PartitionLayer`] keys each delivery with a [`Key`] — a ready-made
-//! [`OrderedBy`] (a header, the routing key, the message id) or a closure
+//! [`OrderedBy`] (a header, the routing key, the message id, or a
+//! [`KeyFn`] that may leave what it parsed for the handler) or a closure
 //! over the [`Delivery`] — and keeps the key as a 64-bit hash
 //! ([`key_hash`]: no allocation per delivery). Then:
 //!
