@@ -44,6 +44,7 @@ mod pause;
 mod process;
 mod proxy;
 mod publish_options;
+mod queue_retry;
 mod recovery;
 mod redeclared;
 mod reliability;
