@@ -48,6 +48,7 @@ impl Decision {
         match self {
             Decision::Ack => "ack",
             Decision::Retry(r) if r.via == RetryVia::Process => "retry-process",
+            Decision::Retry(r) if r.via == RetryVia::Queue => "retry-queue",
             Decision::Retry(_) => "retry-broker",
             Decision::DeadLetter(d) if d.published => "dead-lettered",
             Decision::DeadLetter(_) => "rejected-to-dlx",
@@ -66,6 +67,11 @@ pub enum RetryVia {
     Process,
     /// On a rung queue in the broker (named here).
     Rung(String),
+    /// In the queue itself: `basic.reject` with requeue, held back by the
+    /// quorum queue's own delayed retry (RabbitMQ 4.3 and later,
+    /// `x-delayed-retry-type: failed`), which delays it by
+    /// `min · x-delivery-count`, capped.
+    Queue,
 }
 
 /// A retry: the next attempt and its delay.

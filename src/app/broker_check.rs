@@ -35,6 +35,7 @@ impl BrokerCheck<'_> {
         let broker = redact(self.addr);
         if self.factory {
             info!(%broker, "the broker's version is not read: a connection factory opens the connections (the queue arguments RabbitMQ 4.3 refuses stay warnings)");
+            self.unchecked();
             return Ok(());
         }
         let check_name = format!("{} (version check)", self.name);
@@ -42,10 +43,12 @@ impl BrokerCheck<'_> {
             Ok(v) => v,
             Err(why) if self.addr.starts_with("amqps") => {
                 info!(%broker, "the broker's version is unknown ({why}); the queue arguments RabbitMQ 4.3 refuses stay warnings");
+                self.unchecked();
                 return Ok(());
             }
             Err(why) => {
                 warn!(%broker, "the broker's version is unknown ({why}); the queue arguments RabbitMQ 4.3 refuses stay warnings");
+                self.unchecked();
                 return Ok(());
             }
         };
@@ -59,7 +62,16 @@ impl BrokerCheck<'_> {
             for w in self.consumed.unbounded_on_4_3(&shown) {
                 warn!("{w}");
             }
+        } else if let Some(e) = self.declared.in_queue_before_4_3(&version.to_string()) {
+            return Err(e);
         }
         Ok(())
+    }
+
+    /// The version is unknown: retries in the queue are warned about.
+    fn unchecked(&self) {
+        for w in self.declared.in_queue_unchecked() {
+            warn!("{w}");
+        }
     }
 }

@@ -46,6 +46,7 @@ mod breaker;
 mod broker_args;
 pub mod duration;
 mod error;
+mod in_queue;
 mod load;
 mod ordering;
 mod queue;

@@ -342,6 +342,16 @@ pub struct RetriesConfig {
     /// a panic is dead-lettered with reason `panic`).
     #[serde(default)]
     pub retry_panics: bool,
+    /// Retries wait in the queue itself instead of on rungs (default false):
+    /// the delivery is rejected with requeue and the quorum queue's own
+    /// delayed retry holds it back (`x-delayed-retry-type: failed`, `-min`
+    /// = `initial_delay`, `-max` = `max_delay`). Needs `type: quorum`,
+    /// RabbitMQ 4.3 or later (checked at start), and a schedule the queue's
+    /// straight line keeps: `max_attempts` ≤ 3 or `max_delay` ≤ 3 ×
+    /// `initial_delay`. `broker_wait_threshold` and `jitter` then play no
+    /// part.
+    #[serde(default)]
+    pub in_queue: bool,
 }
 
 impl RetriesConfig {
@@ -362,6 +372,7 @@ impl RetriesConfig {
             broker_wait_threshold: RetriesConfig::DEFAULT_BROKER_WAIT_THRESHOLD,
             jitter: false,
             retry_panics: false,
+            in_queue: false,
         }
     }
 
@@ -376,6 +387,7 @@ impl RetriesConfig {
         policy.broker_wait_threshold = self.broker_wait_threshold;
         policy.jitter = self.jitter;
         policy.retry_panics = self.retry_panics;
+        policy.in_queue = self.in_queue;
         policy
     }
 }
@@ -390,6 +402,7 @@ impl RetriesConfig {
             broker_wait_threshold: p.broker_wait_threshold,
             jitter: p.jitter,
             retry_panics: p.retry_panics,
+            in_queue: p.in_queue,
         }
     }
 }

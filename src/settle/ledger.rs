@@ -349,7 +349,11 @@ impl Settlement {
             Decision::DeadLetter(d) if d.published => Settlement::Ack,
             Decision::DeadLetter(_) => Settlement::Reject,
             Decision::Abandoned => Settlement::Never,
-            Decision::Requeue => Settlement::RejectRequeue,
+            Decision::Requeue
+            | Decision::Retry(RetryDecision {
+                via: RetryVia::Queue,
+                ..
+            }) => Settlement::RejectRequeue,
             _ => Settlement::Requeue,
         }
     }
@@ -580,6 +584,10 @@ mod tests {
         assert_eq!(
             Settlement::of(&retry(RetryVia::Process)),
             Settlement::Requeue
+        );
+        assert_eq!(
+            Settlement::of(&retry(RetryVia::Queue)),
+            Settlement::RejectRequeue
         );
         assert_eq!(Settlement::of(&dead(true)), Settlement::Ack);
         assert_eq!(Settlement::of(&dead(false)), Settlement::Reject);

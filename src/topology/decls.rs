@@ -157,6 +157,16 @@ impl Topology {
             main.push(("x-dead-letter-exchange", str_arg("")));
             main.push(("x-dead-letter-routing-key", str_arg(&q.dlq_name())));
         }
+        if let Some((min, max)) = q.delayed_retry() {
+            // Retries wait in the queue: failed returns only, so hand-backs
+            // (`basic.nack`) come back at once.
+            let ms = |d: Duration| {
+                AMQPValue::LongLongInt(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            };
+            main.push(("x-delayed-retry-type", str_arg("failed")));
+            main.push(("x-delayed-retry-min", ms(min)));
+            main.push(("x-delayed-retry-max", ms(max)));
+        }
         let mut arguments = table(main);
         let own_limit = q.arguments.contains_key(delivery_limit::ARGUMENT);
         let mut main_limit = None;

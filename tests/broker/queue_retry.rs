@@ -127,3 +127,145 @@ async fn a_quorum_queues_delayed_retry_delays_rejects_linearly_and_not_nacks() {
         "the message's own headers stay as published: {seen:?}"
     );
 }
+
+/// A quorum queue whose 3 attempts, 400 ms then 800 ms apart, wait in the
+/// queue itself.
+fn in_queue_config(q: &str) -> acemq::Config {
+    let mut queue = acemq::config::QueueConfig::new(q);
+    queue.kind = acemq::config::QueueType::Quorum;
+    queue.dead_letter = true;
+    let mut retries = acemq::config::RetriesConfig::new(
+        3,
+        Duration::from_millis(400),
+        Duration::from_millis(800),
+    );
+    retries.in_queue = true;
+    queue.retries = Some(retries);
+    let mut config = acemq::Config::new([queue]);
+    config.shutdown_timeout = Duration::from_secs(10);
+    config
+}
+
+/// Each call's attempt number and when it came.
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(u32, Instant)>>>;
+
+fn failing_until(succeed_at: u32, calls: Calls) -> impl crate::support::TestHandler {
+    tower::service_fn(move |d: acemq::Delivery| {
+        let calls = calls.clone();
+        async move {
+            calls.lock().unwrap().push((d.attempt(), Instant::now()));
+            if d.attempt() >= succeed_at {
+                Ok(())
+            } else {
+                Err::<(), acemq::BoxError>(format!("attempt {} fails", d.attempt()).into())
+            }
+        }
+    })
+}
+
+/// On 4.3: attempts 1, 2, 3 of one message, rejected with requeue and held
+/// back by the queue (about 400 ms, then 800 ms), the attempt read from
+/// `x-delivery-count`, no rung declared, nothing dead-lettered. Before 4.3
+/// the start ends with exit 78 naming the field, nothing declared.
+#[tokio::test(flavor = "current_thread")]
+async fn retries_in_the_queue_wait_in_the_queue_on_4_3_and_end_the_start_before() {
+    let (said, version) = ctl_version().await;
+    let q = unique("qretry.app");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = QueueCleanup::new(vec![q.clone(), dlq.clone()]);
+    let calls = Calls::default();
+    let started = acemq::App::new(in_queue_config(&q))
+        .consume(&q, failing_until(3, calls.clone()))
+        .start()
+        .await;
+    let mut broker = Broker::new().await;
+    if version < (4, 3) {
+        let Err(e) = started else {
+            panic!("retries.in_queue starts on RabbitMQ {said}");
+        };
+        assert_eq!(e.exit_code(), 78, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("queues[0].retries.in_queue")
+                && text.contains(&format!("RabbitMQ {said}")),
+            "{text}"
+        );
+        assert_eq!(broker.ready(&q).await, None, "{q} was declared");
+        return;
+    }
+    let running = started.expect("starts on 4.3");
+    broker.publish(&q, b"order", FieldTable::default()).await;
+    let done = crate::support::eventually(Duration::from_secs(15), || {
+        let n = calls.lock().unwrap().len();
+        async move { n >= 3 }
+    })
+    .await;
+    assert!(done, "3 attempts within 15 s: {:?}", calls.lock().unwrap());
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), || async {
+            Broker::new().await.ready(&q).await == Some(0)
+        })
+        .await
+    );
+    running.drain().await.expect("drains");
+    let calls = calls.lock().unwrap().clone();
+    let attempts: Vec<u32> = calls.iter().map(|c| c.0).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    eprintln!("RabbitMQ {said}: gaps between attempts {gaps:?}");
+    assert!(
+        gaps[0] >= Duration::from_millis(380) && gaps[0] < Duration::from_secs(3),
+        "{gaps:?}"
+    );
+    assert!(
+        gaps[1] >= Duration::from_millis(780) && gaps[1] < Duration::from_secs(4),
+        "{gaps:?}"
+    );
+    assert_eq!(broker.ready(&dlq).await, Some(0), "nothing dead-lettered");
+    assert_eq!(
+        broker.ready(&format!("{q}.retry.400ms")).await,
+        None,
+        "no rung declared"
+    );
+    broker.delete(&[q, dlq]).await;
+}
+
+/// On 4.3: a message that always fails is tried 3 times, in the queue, and
+/// dead-lettered as `max-attempts` with `x-acemq-attempts: 3`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_message_failing_every_attempt_in_the_queue_is_dead_lettered_after_the_last() {
+    let (said, version) = ctl_version().await;
+    if version < (4, 3) {
+        eprintln!(
+            "RabbitMQ {said}: retries in the queue need 4.3 (the start is refused: tested above)"
+        );
+        return;
+    }
+    let q = unique("qretry.dead");
+    let dlq = format!("{q}.dlq");
+    let _cleanup = QueueCleanup::new(vec![q.clone(), dlq.clone()]);
+    let calls = Calls::default();
+    let running = crate::support::start_consuming(
+        in_queue_config(&q),
+        &q,
+        failing_until(u32::MAX, calls.clone()),
+    )
+    .await;
+    let mut broker = Broker::new().await;
+    broker.publish(&q, b"order", FieldTable::default()).await;
+    assert!(
+        broker.wait_ready(&dlq, 1, Duration::from_secs(15)).await,
+        "dead-lettered within 15 s"
+    );
+    running.drain().await.expect("drains");
+    let attempts: Vec<u32> = calls.lock().unwrap().iter().map(|c| c.0).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    let m = broker.get(&dlq).await.expect("the dead letter");
+    let h = crate::support::message_headers(&m.properties);
+    assert_eq!(
+        h.get("x-acemq-reason").and_then(|v| v.as_str()),
+        Some("max-attempts")
+    );
+    assert_eq!(h.get("x-acemq-attempts").and_then(|v| v.as_i64()), Some(3));
+    broker.delete(&[q, dlq]).await;
+}

@@ -87,8 +87,11 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, delivery: Delivery) -> Self::Future {
+    fn call(&mut self, mut delivery: Delivery) -> Self::Future {
         let shared = self.shared.clone();
+        if shared.retry.policy.in_queue {
+            crate::retry::in_queue_attempt(&mut delivery);
+        }
         if let Some(decision) = crate::redelivery::limited(&delivery, self.redelivery_limit) {
             // Not called: the service made ready stays for the next call.
             return ResponseFuture::limited(decision, delivery, shared, self.dead_letter);

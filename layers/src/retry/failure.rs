@@ -47,6 +47,10 @@ where
         }
 
         let next = NextAttempt::after(&config.policy, &delivery, attempt);
+        if config.policy.in_queue {
+            // The queue holds it back itself, drain or not.
+            return Ok(scheduled_in_queue(&delivery, next, &*error));
+        }
 
         if config.draining.is_cancelled() {
             // No in-process wait once the drain has begun.
@@ -338,6 +342,34 @@ fn scheduled_on_rung(
         attempt: next,
         delay,
         via: RetryVia::Rung(rung),
+    })
+}
+
+/// The retry waits in the queue itself: the loop rejects the delivery with
+/// requeue, and the quorum queue's delayed retry holds it back.
+fn scheduled_in_queue(
+    delivery: &Delivery,
+    next: NextAttempt,
+    error: &(dyn StdError + Send + Sync + 'static),
+) -> Decision {
+    metrics::counter!(
+        "acemq.retry.scheduled",
+        "queue" => delivery.queue_arc().clone(),
+        "where" => "queue"
+    )
+    .increment(1);
+    tracing::info!(
+        queue = %delivery.queue(),
+        message_id = delivery.properties().message_id.as_deref().unwrap_or(""),
+        next = next.number,
+        delay = ?next.delay,
+        error = display_chain(error, MAX_ERROR_LEN).as_str(),
+        "retry scheduled in the queue (rejected with requeue; the queue's delayed retry holds it back)"
+    );
+    Decision::Retry(RetryDecision {
+        attempt: next.number,
+        delay: next.delay,
+        via: RetryVia::Queue,
     })
 }
 

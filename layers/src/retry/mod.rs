@@ -143,6 +143,7 @@ mod service;
 
 pub use layer::{RetryLayer, RetryWaits};
 pub use policy::{delay_label, rung_name, RetryPolicy};
+pub(crate) use service::in_queue_attempt;
 pub use service::Retry;
 
 pub(crate) use failure::failure_path;

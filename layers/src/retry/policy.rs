@@ -26,6 +26,13 @@ pub struct RetryPolicy {
     /// Retry a handler that panicked like any transient failure (off by
     /// default: a bug is not retried, it is dead-lettered with reason `panic`).
     pub retry_panics: bool,
+    /// Every retry waits in the queue itself ([`RetryVia::Queue`](crate::RetryVia::Queue)):
+    /// the delivery is rejected with requeue and the quorum queue's own
+    /// delayed retry holds it back (RabbitMQ 4.3 and later); no rung, no
+    /// wait in this process, and the attempt number is read from
+    /// `x-delivery-count` (off by default). The schedule must be one the
+    /// queue can keep: see [`in_queue_delays`](Self::in_queue_delays).
+    pub in_queue: bool,
 }
 
 impl Default for RetryPolicy {
@@ -49,6 +56,7 @@ impl RetryPolicy {
             broker_wait_threshold: Self::DEFAULT_BROKER_WAIT_THRESHOLD,
             jitter: false,
             retry_panics: false,
+            in_queue: false,
         }
     }
 
@@ -76,6 +84,7 @@ impl RetryPolicy {
             broker_wait_threshold: Self::DEFAULT_BROKER_WAIT_THRESHOLD,
             jitter: false,
             retry_panics: false,
+            in_queue: false,
         }
     }
 
@@ -102,6 +111,9 @@ impl RetryPolicy {
     /// attempts at most: [`delay_after`](Self::delay_after) stops growing
     /// there, so a schedule of any length is read at once.
     pub fn rung_delays(&self) -> Vec<Duration> {
+        if self.in_queue {
+            return Vec::new();
+        }
         let mut out: Vec<Duration> = (1..self.max_attempts.min(34))
             .map(|n| self.delay_after(n))
             .filter(|d| self.is_broker_wait(*d))
@@ -109,6 +121,29 @@ impl RetryPolicy {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+impl RetryPolicy {
+    /// The quorum queue's delayed retry that keeps this schedule, as
+    /// `(min, max)`: the queue delays the `n`th failed return by
+    /// `min(min · n, max)`, so `min` is `initial_delay` and `max` is
+    /// `max_delay`. `None` when the doubling schedule differs from that
+    /// straight line before its last attempt (it fits with `max_attempts` ≤
+    /// 3, or `max_delay` ≤ 3 × `initial_delay`), or a delay is not whole
+    /// milliseconds or is zero.
+    pub fn in_queue_delays(&self) -> Option<(Duration, Duration)> {
+        let (min, max) = (self.initial_delay, self.max_delay);
+        let whole_ms = |d: Duration| d.subsec_nanos().is_multiple_of(1_000_000) && !d.is_zero();
+        if !whole_ms(min) || !whole_ms(max) || max < min {
+            return None;
+        }
+        // Past the third attempt both lines are at the cap, or they differ.
+        let fits = (1..self.max_attempts.min(40)).all(|n| {
+            let linear = min.saturating_mul(n).min(max);
+            self.delay_after(n) == linear
+        });
+        fits.then_some((min, max))
     }
 }
 
@@ -161,6 +196,28 @@ mod tests {
             .map(|d| rung_name("shop.orders", d))
             .collect();
         assert_eq!(names, ["shop.orders.retry.2s", "shop.orders.retry.4s"]);
+    }
+
+    #[test]
+    fn the_queues_straight_line_keeps_short_or_flat_schedules_only() {
+        let s = Duration::from_secs;
+        let fits = |n, i, m| RetryPolicy::exponential(n, s(i), s(m)).in_queue_delays();
+        assert_eq!(fits(3, 1, 60), Some((s(1), s(60))), "1 s, 2 s");
+        assert_eq!(fits(10, 5, 10), Some((s(5), s(10))), "5 s, 10 s, 10 s, ...");
+        assert_eq!(fits(10, 5, 5), Some((s(5), s(5))), "flat");
+        assert_eq!(fits(4, 1, 60), None, "1 s, 2 s, 4 s against 1 s, 2 s, 3 s");
+        assert_eq!(
+            fits(10, 5, 15),
+            Some((s(5), s(15))),
+            "5 s, 10 s, then 15 s on both lines"
+        );
+        assert_eq!(
+            fits(10, 5, 16),
+            None,
+            "5 s, 10 s, 16 s against 5 s, 10 s, 15 s"
+        );
+        let odd = RetryPolicy::exponential(2, Duration::from_micros(1500), s(1));
+        assert_eq!(odd.in_queue_delays(), None, "not whole milliseconds");
     }
 
     #[test]

@@ -79,13 +79,31 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, delivery: Delivery) -> Self::Future {
+    fn call(&mut self, mut delivery: Delivery) -> Self::Future {
+        if self.config.policy.in_queue {
+            in_queue_attempt(&mut delivery);
+        }
         // The service made ready goes into the future (it may call again);
         // a fresh clone, not yet ready, stays here.
         let clone = self.inner.clone();
         let mut inner = mem::replace(&mut self.inner, clone);
         let future = inner.call(delivery.clone());
         ResponseFuture::new(future, inner, delivery, self.config.clone())
+    }
+}
+
+/// Retries in the queue itself leave the message as it was published: its
+/// attempt is one more than the failed returns the broker counted
+/// (`x-delivery-count`), or what its attempt header says if that is more.
+pub(crate) fn in_queue_attempt(delivery: &mut Delivery) {
+    let failed = delivery
+        .headers()
+        .get(crate::headers::DELIVERY_COUNT_HEADER)
+        .and_then(|v| v.as_i64())
+        .and_then(|n| u32::try_from(n).ok());
+    if let Some(n) = failed {
+        let attempt = delivery.attempt().max(n.saturating_add(1));
+        delivery.set_attempt(attempt);
     }
 }
 
