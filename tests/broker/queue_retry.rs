@@ -269,3 +269,156 @@ async fn a_message_failing_every_attempt_in_the_queue_is_dead_lettered_after_the
     assert_eq!(h.get("x-acemq-attempts").and_then(|v| v.as_i64()), Some(3));
     broker.delete(&[q, dlq]).await;
 }
+
+/// The broker's CPU time so far (user + system), from `/proc/PID/stat`.
+fn broker_cpu(pid: u32) -> Duration {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the broker's /proc stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<u64> = after.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+    // utime and stime are fields 14 and 15 (1-based), 12 and 13 after ')'.
+    let ticks = f[11] + f[12];
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// Rungs against the queue's own delayed retry, one run each on the same
+/// broker: 1,000 messages, each failing 3 times and handled on its 4th
+/// attempt (100 ms, 200 ms, 300 ms apart). Prints the queues declared and
+/// the broker's CPU per retried message. Run by hand against a 4.3 node,
+/// with the node's `beam.smp` in `ACEMQ_BROKER_PID`
+/// (`scripts/broker-node.sh pid NAME PORT`); see docs/reliability/rabbitmq4.md.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a measurement: needs a 4.3 node of its own and ACEMQ_BROKER_PID"]
+async fn measure_rungs_against_the_queues_own_delayed_retry() {
+    let pid: u32 = std::env::var("ACEMQ_BROKER_PID")
+        .expect("ACEMQ_BROKER_PID: the node's beam.smp")
+        .parse()
+        .expect("a pid");
+    let n = 1_000usize;
+    for in_queue in [false, true] {
+        let q = unique(if in_queue {
+            "qretry.m.queue"
+        } else {
+            "qretry.m.rungs"
+        });
+        let mut queue = acemq::config::QueueConfig::new(&q);
+        queue.kind = acemq::config::QueueType::Quorum;
+        queue.dead_letter = true;
+        let mut retries = acemq::config::RetriesConfig::new(
+            4,
+            Duration::from_millis(100),
+            Duration::from_millis(300),
+        );
+        retries.in_queue = in_queue;
+        retries.broker_wait_threshold = Duration::ZERO; // every wait in the broker
+        queue.retries = Some(retries);
+        let config = acemq::Config::new([queue]);
+        let all = crate::support::topology_queues(&config);
+        let _cleanup = QueueCleanup::new(all.clone());
+        let calls = Calls::default();
+        let running =
+            crate::support::start_consuming(config, &q, failing_until(4, calls.clone())).await;
+        let mut broker = Broker::new().await;
+        let bodies: Vec<Vec<u8>> = (0..n).map(|i| i.to_string().into_bytes()).collect();
+        let cpu0 = broker_cpu(pid);
+        let t0 = Instant::now();
+        broker
+            .publish_many(&q, &bodies, lapin::BasicProperties::default())
+            .await;
+        let done = crate::support::eventually(Duration::from_secs(300), || {
+            let handled = calls.lock().unwrap().iter().filter(|c| c.0 >= 4).count();
+            async move { handled >= n }
+        })
+        .await;
+        let wall = t0.elapsed();
+        let cpu = broker_cpu(pid) - cpu0;
+        assert!(done, "{n} messages handled within 300 s");
+        let calls_made = calls.lock().unwrap().len();
+        running.drain().await.expect("drains");
+        eprintln!(
+            "{}: {} queues declared ({all:?}), {calls_made} handler calls, {:.1} s wall, broker CPU {:.2} s = {:.0} µs per retry ({} retries)",
+            if in_queue { "in the queue" } else { "rungs" },
+            all.len(),
+            wall.as_secs_f64(),
+            cpu.as_secs_f64(),
+            cpu.as_secs_f64() * 1e6 / (3 * n) as f64,
+            3 * n
+        );
+        broker.delete(&all).await;
+    }
+}
+
+/// On 4.3: a quorum queue that exists without a delayed retry refuses to be
+/// declared again with one (`PRECONDITION_FAILED - inequivalent arg
+/// 'x-delayed-retry-type'`), and a reject still comes back at once: acemq's
+/// start names the queue and the argument.
+#[tokio::test(flavor = "current_thread")]
+async fn an_existing_quorum_queue_refuses_a_delayed_retry_declared_again() {
+    let (said, version) = ctl_version().await;
+    if version < (4, 3) {
+        eprintln!("RabbitMQ {said}: no delayed retry before 4.3");
+        return;
+    }
+    let q = unique("qretry.existing");
+    let _cleanup = QueueCleanup::new(vec![q.clone()]);
+    let mut broker = Broker::new().await;
+    broker
+        .declare(&q, field_table(vec![("x-queue-type", long_str("quorum"))]))
+        .await
+        .expect("declared without");
+    let mut config = in_queue_config(&q);
+    config.queues[0].dead_letter = false;
+    let started = acemq::App::new(config)
+        .consume(&q, failing_until(1, Calls::default()))
+        .start()
+        .await;
+    let Err(e) = started else {
+        panic!("an existing queue without the delayed retry is declared again with it");
+    };
+    let text = e.to_string();
+    eprintln!("RabbitMQ {said}: {text}");
+    assert!(
+        text.contains(&q) && text.contains("x-delayed-retry-type"),
+        "{text}"
+    );
+    let gap = reject_gap(&mut broker, &q).await;
+    assert!(
+        gap < Duration::from_millis(300),
+        "no delay on the existing queue: {gap:?}"
+    );
+    broker.delete(&[q]).await;
+}
+
+/// Publishes one message, rejects its first delivery with requeue, and
+/// returns how long the redelivery took (the message is then acknowledged).
+async fn reject_gap(broker: &mut Broker, q: &str) -> Duration {
+    broker.publish(q, b"m", FieldTable::default()).await;
+    let ch = broker.conn.create_channel().await.expect("channel");
+    let mut consumer = ch
+        .basic_consume(
+            q.into(),
+            "gap".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let d = next(&mut consumer).await;
+    d.reject(BasicRejectOptions { requeue: true })
+        .await
+        .expect("reject");
+    let t = Instant::now();
+    let d = next(&mut consumer).await;
+    let gap = t.elapsed();
+    d.ack(Default::default()).await.expect("ack");
+    let _ = ch.close(200, "OK".into()).await;
+    gap
+}
+
+async fn next(consumer: &mut lapin::Consumer) -> lapin::message::Delivery {
+    tokio::time::timeout(Duration::from_secs(10), consumer.next())
+        .await
+        .expect("a delivery within 10 s")
+        .expect("a delivery")
+        .expect("ok")
+}
