@@ -377,6 +377,7 @@ async fn an_existing_quorum_queue_refuses_a_delayed_retry_declared_again() {
     };
     let text = e.to_string();
     eprintln!("RabbitMQ {said}: {text}");
+    assert_eq!(e.exit_code(), 78, "{text}");
     assert!(
         text.contains(&q) && text.contains("x-delayed-retry-type"),
         "{text}"

@@ -17,6 +17,12 @@
 //!   decision is [`Decision::Retry`] with [`RetryVia::Rung`]; the consumer
 //!   loop acknowledges the original. A crash between the two may duplicate
 //!   the message, never lose it.
+//! - with [`RetryPolicy::in_queue`] every retry waits **in the queue
+//!   itself**: the decision is [`Decision::Retry`] with [`RetryVia::Queue`],
+//!   the consumer loop rejects the delivery with requeue, and the quorum
+//!   queue's delayed retry (RabbitMQ 4.3 and later) holds it back by
+//!   `min(initial_delay · n, max_delay)`, `n` its `x-delivery-count`; the
+//!   attempt is read from that header, since the message is not copied;
 //! - a rung that does not exist (the publish is returned unroutable) is
 //!   waited out here instead, counted in `acemq.retry.rung.missing` {queue}
 //!   and warned about once per rung: a long wait here holds the delivery and
@@ -133,6 +139,7 @@
 //! [`Decision::DeadLetter`]: crate::Decision::DeadLetter
 //! [`Decision::HandBack`]: crate::Decision::HandBack
 //! [`RetryVia::Rung`]: crate::RetryVia::Rung
+//! [`RetryVia::Queue`]: crate::RetryVia::Queue
 //! [`CancellationToken`]: tokio_util::sync::CancellationToken
 
 mod failure;
