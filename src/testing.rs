@@ -212,6 +212,15 @@ pub enum Fate {
         /// The copy's headers.
         headers: Headers,
     },
+    /// Rejected with requeue for the queue's own delayed retry to hold back
+    /// (`retries.in_queue`, RabbitMQ 4.3 quorum queues): attempt `attempt`
+    /// comes back after `delay`.
+    RetriedInQueue {
+        /// The attempt the broker's count will make it.
+        attempt: u32,
+        /// How long the queue holds it back.
+        delay: Duration,
+    },
     /// A copy with the reason headers is in the dead-letter queue
     /// (confirmed); the original is acknowledged.
     DeadLettered {
@@ -496,6 +505,10 @@ fn fate(decision: &Decision, published: &[Published]) -> Fate {
                 attempt: r.attempt,
                 delay: r.delay,
                 headers: headers_of(rung),
+            },
+            RetryVia::Queue => Fate::RetriedInQueue {
+                attempt: r.attempt,
+                delay: r.delay,
             },
             // Not carried out by a retry layer: the loop hands it back.
             _ => Fate::HandedBack,

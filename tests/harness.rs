@@ -398,3 +398,61 @@ fn an_inbox_that_handles_deliveries_without_a_key_says_so_once_when_built() {
     assert_eq!(text.matches("MissingId::Handle").count(), 1, "{text}");
     assert!(text.contains("WARN") && text.contains("again"), "{text}");
 }
+
+/// Retries in the queue itself: the fate says so, nothing is published, and
+/// a redelivery's attempt is read from the broker's `x-delivery-count`.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_in_the_queue_publishes_nothing_and_reads_the_attempt_from_the_delivery_count() {
+    let config = Config::from_yaml_str(
+        "queues: [{ name: q, type: quorum, dead_letter: true,
+                    retries: { max_attempts: 3, initial_delay: 2s, max_delay: 6s, in_queue: true } }]",
+    )
+    .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let mut harness = TestQueue::new(
+        config.queues[0].clone(),
+        service_fn(move |d: Delivery| {
+            s.lock().unwrap().push(d.attempt());
+            async { Err::<(), BoxError>("down".into()) }
+        }),
+    );
+    let report = harness.deliver_body("a").await;
+    assert_eq!(
+        report.fate,
+        Fate::RetriedInQueue {
+            attempt: 2,
+            delay: Duration::from_secs(2)
+        }
+    );
+    assert!(report.published.is_empty(), "{:?}", report.published);
+    let report = harness
+        .message("a")
+        .header("x-delivery-count", 1i64)
+        .deliver()
+        .await;
+    assert_eq!(
+        report.fate,
+        Fate::RetriedInQueue {
+            attempt: 3,
+            delay: Duration::from_secs(4)
+        }
+    );
+    let report = harness
+        .message("a")
+        .header("x-delivery-count", 2i64)
+        .deliver()
+        .await;
+    assert!(
+        matches!(
+            report.fate,
+            Fate::DeadLettered {
+                reason: Reason::MaxAttempts,
+                ..
+            }
+        ),
+        "{:?}",
+        report.fate
+    );
+    assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+}
