@@ -423,3 +423,64 @@ async fn next(consumer: &mut lapin::Consumer) -> lapin::message::Delivery {
         .expect("a delivery")
         .expect("ok")
 }
+
+/// On 4.3: a delivery whose connection closes unsettled counts as a failed
+/// return, and the queue's delayed retry holds it back like a reject.
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivery_left_by_a_closed_connection_waits_like_a_reject() {
+    let (said, version) = ctl_version().await;
+    if version < (4, 3) {
+        eprintln!("RabbitMQ {said}: no delayed retry before 4.3");
+        return;
+    }
+    let q = unique("qretry.closed");
+    let _cleanup = QueueCleanup::new(vec![q.clone()]);
+    let mut broker = Broker::new().await;
+    broker
+        .declare(
+            &q,
+            field_table(vec![
+                ("x-queue-type", long_str("quorum")),
+                ("x-delayed-retry-type", long_str("failed")),
+                ("x-delayed-retry-min", AMQPValue::LongLongInt(600)),
+                ("x-delayed-retry-max", AMQPValue::LongLongInt(600)),
+            ]),
+        )
+        .await
+        .expect("declared");
+    broker.publish(&q, b"m", FieldTable::default()).await;
+    let conn = crate::support::connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut consumer = ch
+        .basic_consume(
+            q.as_str().into(),
+            "left".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let _unsettled = next(&mut consumer).await;
+    conn.close(200, "OK".into()).await.expect("closed");
+    let t = Instant::now();
+    let ch = broker.conn.create_channel().await.expect("channel");
+    let mut consumer = ch
+        .basic_consume(
+            q.as_str().into(),
+            "again".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let d = next(&mut consumer).await;
+    let gap = t.elapsed();
+    let count = int_header(&d, "x-delivery-count");
+    eprintln!(
+        "RabbitMQ {said}: after a closed connection: back in {gap:?}, x-delivery-count {count:?}"
+    );
+    d.ack(Default::default()).await.expect("ack");
+    assert_eq!(count, Some(1), "counted as a failed return");
+    assert!(gap >= Duration::from_millis(550), "held back: {gap:?}");
+    broker.delete(&[q]).await;
+}
