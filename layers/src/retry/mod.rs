@@ -51,7 +51,7 @@
 //! time is bounded by handler time, never by backoff. [`RetryWaits`]
 //! ([`RetryLayer::waiting`]) counts the waits in progress.
 //!
-//! Metrics: `acemq.retry.scheduled` {queue, where = `process` | `broker`},
+//! Metrics: `acemq.retry.scheduled` {queue, where = `process` | `broker` | `queue`},
 //! `acemq.retry.rung.missing` {queue}.
 //!
 //! # Example
