@@ -144,6 +144,13 @@ where
     pub(super) fn stream_ended(&mut self) {
         self.reading = false;
         self.force_flush = true;
+        // The drain stops intake, then sends `basic.cancel`: the broker's
+        // answer can end the stream before the loop has noticed the stop
+        // (a busy machine, a round between the two). That end is the
+        // drain's cancel, not the broker's: stop first.
+        if self.intake.is_cancelled() {
+            self.stop();
+        }
         if self.phase.is_stopping() {
             self.end(End::Drained);
         } else if self.stats.parked.load(Ordering::Acquire) {
