@@ -14,28 +14,11 @@ use tower::service_fn;
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::support::{
-    connection_listed, connection_pid, eventually, rabbitmqctl, start_consuming, unique, Broker,
-    CapturedLogs, QueueCleanup, TestHandler,
+    connection_listed, connection_pid, ctl_version, eventually, rabbitmqctl, start_consuming,
+    unique, Broker, CapturedLogs, QueueCleanup, TestHandler,
 };
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
-
-/// The broker's version as `rabbitmqctl eval 'rabbit_misc:version().'`
-/// says it, and (major, minor).
-pub(crate) async fn ctl_version() -> (String, (u32, u32)) {
-    let out = rabbitmqctl()
-        .args(["-q", "eval", "rabbit_misc:version()."])
-        .output()
-        .await
-        .expect("rabbitmqctl runs");
-    let text = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_matches('"')
-        .to_owned();
-    let mut parts = text.split('.').map(|p| p.parse().unwrap_or(0));
-    let mm = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (text, mm)
-}
 
 fn ok_handler() -> impl TestHandler {
     service_fn(|_: Delivery| async { Ok::<(), BoxError>(()) })

@@ -8,8 +8,7 @@ use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
-use crate::broker_version::ctl_version;
-use crate::support::{field_table, long_str, unique, Broker, QueueCleanup};
+use crate::support::{ctl_version, field_table, long_str, unique, Broker, QueueCleanup};
 
 fn int_header(d: &lapin::message::Delivery, name: &str) -> Option<i64> {
     let h = d.properties.headers().as_ref()?;
@@ -21,6 +20,17 @@ fn int_header(d: &lapin::message::Delivery, name: &str) -> Option<i64> {
         AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
         _ => None,
     }
+}
+
+/// A quorum queue's arguments with the broker's delayed retry of failed
+/// returns: `min` · the delivery count, at most `max` (milliseconds).
+fn delayed_retry(min: i64, max: i64) -> FieldTable {
+    field_table(vec![
+        ("x-queue-type", long_str("quorum")),
+        ("x-delayed-retry-type", long_str("failed")),
+        ("x-delayed-retry-min", AMQPValue::LongLongInt(min)),
+        ("x-delayed-retry-max", AMQPValue::LongLongInt(max)),
+    ])
 }
 
 /// What the broker does, measured with a plain client: a `basic.reject`
@@ -39,15 +49,7 @@ async fn a_quorum_queues_delayed_retry_delays_rejects_linearly_and_not_nacks() {
     let _cleanup = QueueCleanup::new(vec![q.clone()]);
     let mut broker = Broker::new().await;
     broker
-        .declare(
-            &q,
-            field_table(vec![
-                ("x-queue-type", long_str("quorum")),
-                ("x-delayed-retry-type", long_str("failed")),
-                ("x-delayed-retry-min", AMQPValue::LongLongInt(400)),
-                ("x-delayed-retry-max", AMQPValue::LongLongInt(1000)),
-            ]),
-        )
+        .declare(&q, delayed_retry(400, 1000))
         .await
         .expect("4.3 declares a quorum queue with a delayed retry");
     let headers = field_table(vec![
@@ -437,15 +439,7 @@ async fn a_delivery_left_by_a_closed_connection_waits_like_a_reject() {
     let _cleanup = QueueCleanup::new(vec![q.clone()]);
     let mut broker = Broker::new().await;
     broker
-        .declare(
-            &q,
-            field_table(vec![
-                ("x-queue-type", long_str("quorum")),
-                ("x-delayed-retry-type", long_str("failed")),
-                ("x-delayed-retry-min", AMQPValue::LongLongInt(600)),
-                ("x-delayed-retry-max", AMQPValue::LongLongInt(600)),
-            ]),
-        )
+        .declare(&q, delayed_retry(600, 600))
         .await
         .expect("declared");
     broker.publish(&q, b"m", FieldTable::default()).await;

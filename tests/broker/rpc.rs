@@ -593,7 +593,7 @@ async fn a_reply_to_a_caller_that_has_gone_is_dropped_the_request_acked_once_and
 ) {
     let queue = unique("rpc-gone");
     let _cleanup = QueueCleanup::new(support::all_queues(&queue));
-    let (said, version) = crate::broker_version::ctl_version().await;
+    let (said, version) = crate::support::ctl_version().await;
     let (release, held) = tokio::sync::watch::channel(false);
     let handled = Arc::new(AtomicUsize::new(0));
     let reply_to = Arc::new(Mutex::new(None::<String>));

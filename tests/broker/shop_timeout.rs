@@ -10,24 +10,9 @@ use std::time::{Duration, Instant};
 
 use lapin::types::FieldTable;
 
-use crate::support::{eventually, rabbitmqctl, unique, Broker, QueueCleanup, ShopProcess};
+use crate::support::{ctl_version, eventually, unique, Broker, QueueCleanup, ShopProcess};
 
 const SECS: fn(u64) -> Duration = Duration::from_secs;
-
-/// The broker's RabbitMQ version: (major, minor) and as it said it.
-async fn broker_version() -> ((u32, u32), String) {
-    let out = rabbitmqctl()
-        .args(["-q", "eval", "rabbit_misc:version()."])
-        .output()
-        .await
-        .expect("rabbitmqctl runs");
-    let text = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_matches('"')
-        .to_owned();
-    let mut parts = text.split('.').map(|p| p.parse().unwrap_or(0));
-    ((parts.next().unwrap_or(0), parts.next().unwrap_or(0)), text)
-}
 
 fn yaml(q: &str, extra: &str) -> String {
     format!(
@@ -48,7 +33,7 @@ fn completions(shop: &ShopProcess, id: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_rabbitmq_4_3_the_shops_long_order_is_dead_lettered_as_consumer_timeout_and_sigterm_exits_0(
 ) {
-    let (version, said) = broker_version().await;
+    let (said, version) = ctl_version().await;
     if version < (4, 3) {
         eprintln!("RabbitMQ {said}: no consumer timeout from a queue argument before 4.3; nothing to test here");
         return;
@@ -105,7 +90,7 @@ async fn on_rabbitmq_4_3_the_shops_long_order_is_dead_lettered_as_consumer_timeo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_rabbitmq_4_3_the_shops_long_order_on_a_queue_with_consumer_timeout_is_handled_once_without_a_strike(
 ) {
-    let (version, said) = broker_version().await;
+    let (said, version) = ctl_version().await;
     if version < (4, 3) {
         eprintln!("RabbitMQ {said}: the consumer argument x-consumer-timeout is honoured from 4.3; nothing to test here");
         return;

@@ -797,3 +797,20 @@ impl Drop for QueueCleanup {
         .join();
     }
 }
+
+/// The broker's version as `rabbitmqctl eval 'rabbit_misc:version().'`
+/// says it, and (major, minor).
+pub async fn ctl_version() -> (String, (u32, u32)) {
+    let out = rabbitmqctl()
+        .args(["-q", "eval", "rabbit_misc:version()."])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    let text = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_matches('"')
+        .to_owned();
+    let mut parts = text.split('.').map(|p| p.parse().unwrap_or(0));
+    let mm = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (text, mm)
+}
