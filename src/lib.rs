@@ -85,6 +85,7 @@ mod publish;
 pub mod rpc;
 pub mod settle;
 pub mod stack;
+pub mod stream;
 mod sync;
 mod telemetry;
 #[cfg(feature = "test-util")]
@@ -97,6 +98,8 @@ pub use app::{drain, health};
 pub use ops::admin;
 pub use ops::replay;
 pub use publish::{delay, publisher};
+/// A stream message's offset, in its delivery's extensions.
+pub use consumer::StreamOffsetOf;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{

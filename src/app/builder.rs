@@ -4,6 +4,7 @@
 
 use crate::sync::Locked;
 use std::future::Future;
+use std::sync::Arc;
 use std::process::ExitCode;
 
 use acemq_layers::{BoxError, Classify, Delivery};
@@ -379,7 +380,7 @@ impl App {
             self.policies.push((queue.to_owned(), policy.clone()));
         }
         let parts = std::sync::Mutex::new((handler, stack));
-        let starter: Starter = Box::new(move |ctx: StartCtx<'_>| {
+        let starter: Starter = Arc::new(move |ctx: StartCtx<'_>| {
             let guard = parts.locked();
             let (handler, stack) = &*guard;
             let mut stack_parts = ctx.stack_parts();

@@ -13,7 +13,7 @@ use tower::Service;
 
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
-use crate::consumer::{ConsumerLoop, End, QueueStats, Released};
+use crate::consumer::{ConsumerLoop, End, Partition, QueueStats, Released, StreamLoop};
 use crate::publisher::Publisher;
 use crate::settle::ledger::Bounds;
 use crate::stack::Parts;
@@ -26,8 +26,8 @@ pub(crate) type LoopFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(crate) struct StartCtx<'a> {
     pub(crate) queue: &'a QueueConfig,
     pub(crate) config: &'a Config,
-    pub(crate) channel: lapin::Channel,
-    pub(crate) consumer: lapin::Consumer,
+    /// Where the generation's deliveries come from.
+    pub(crate) source: Source,
     pub(crate) health: &'a Health,
     pub(crate) publisher: &'a Publisher,
     /// Cancelled when the drain stops intake.
@@ -43,8 +43,28 @@ pub(crate) struct StartCtx<'a> {
     pub(crate) ended: oneshot::Sender<End>,
 }
 
-/// Builds a queue's stack and loop for one generation.
-pub(crate) type Starter = Box<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
+/// Builds a queue's stack and loop for one generation (shared by a stream
+/// and its work queue).
+pub(crate) type Starter = Arc<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
+
+/// A generation's source of deliveries.
+pub(crate) enum Source {
+    /// A queue: a channel and the consumer on it.
+    Queue {
+        channel: lapin::Channel,
+        consumer: lapin::Consumer,
+    },
+    /// A stream: a stream connection subscribed to each partition.
+    Stream(StreamSource),
+}
+
+/// A stream generation's connection, its events and partitions.
+pub(crate) struct StreamSource {
+    pub(crate) client: crate::stream::StreamClient,
+    pub(crate) events: tokio::sync::mpsc::UnboundedReceiver<crate::stream::StreamEvent>,
+    pub(crate) partitions: Vec<Partition>,
+    pub(crate) fallback: crate::stream::OffsetSpec,
+}
 
 impl<'a> StartCtx<'a> {
     /// What the queue's stack is built from for this generation.
@@ -76,10 +96,33 @@ impl<'a> StartCtx<'a> {
         S::Future: Released + Send + 'static,
     {
         let q = self.queue;
+        let (channel, consumer) = match self.source {
+            Source::Queue { channel, consumer } => (channel, consumer),
+            Source::Stream(s) => {
+                let lp = StreamLoop {
+                    queue: Arc::from(q.delivery_label()),
+                    client: s.client,
+                    events: s.events,
+                    partitions: s.partitions,
+                    consumer_name: q.stream_consumer_name().to_owned(),
+                    fallback: s.fallback,
+                    service,
+                    prefetch: usize::from(q.prefetch),
+                    store: q.offset_store,
+                    dead_letter: q.dead_letter,
+                    intake: self.intake.clone(),
+                    stats: self.stats,
+                    lifeline: self.lifeline,
+                    cancel: self.cancel,
+                    ended: self.ended,
+                };
+                return Box::pin(lp.run());
+            }
+        };
         let lp = ConsumerLoop {
-            queue: Arc::from(q.name.as_str()),
-            channel: self.channel,
-            consumer: self.consumer,
+            queue: Arc::from(q.delivery_label()),
+            channel,
+            consumer,
             service,
             permits: self.permits,
             concurrency: q.concurrency,

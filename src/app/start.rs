@@ -22,7 +22,7 @@ use super::supervisor::{self, Opened, QueueParts, Shared};
 use crate::app::drain::{Background, Drain, Link};
 use crate::app::health::Health;
 use crate::config::address::resolve_checked_addresses;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, QueueConfig};
 use crate::connection::{
     close_connection, connect_any_via, redact, ConnectOptions, ConnectionFactory, ConnectionRole,
     Via,
@@ -68,7 +68,7 @@ impl App {
             addr,
             name,
             factory,
-            starters,
+            mut starters,
             policies,
             health,
             publisher,
@@ -76,13 +76,22 @@ impl App {
             background,
             batches,
         } = self;
-        let declared = apply_policies_and_validate(&mut config, policies, &starters)?;
+        let declared = apply_policies_and_validate(&mut config, policies, &mut starters)?;
         crate::batch::validate(&config, &batches)?;
         warn_if_drain_outlasts_host(&config);
         if let Some(w) = config.dropped_rejects_warning() {
             warn!("{w}");
         }
         let plan = Plan::new(config, declared, addr, name, factory)?;
+        if plan.config.queues.iter().any(QueueConfig::is_stream) {
+            supervisor::stream_options(&plan.config, &plan.addresses, &plan.name).map_err(|why| {
+                StartError::Config(ConfigError::invalid(
+                    "streams",
+                    why,
+                    "see the streams section of README.md",
+                ))
+            })?;
+        }
         tokio::pin!(stop);
         let started = connect_until(&plan, &health, stop.as_mut()).await?;
         let consume_conn = started.consume_conn;
@@ -186,7 +195,7 @@ struct Started {
     consume_conn: Arc<lapin::Connection>,
     publish_conn: Arc<lapin::Connection>,
     topology: Topology,
-    first: Vec<Opened>,
+    first: Vec<Option<Opened>>,
 }
 
 /// Puts the retry policies given in code in place of the config's, then
@@ -195,7 +204,7 @@ struct Started {
 fn apply_policies_and_validate(
     config: &mut Config,
     policies: Vec<(String, RetryPolicy)>,
-    starters: &[(String, Starter)],
+    starters: &mut Vec<(String, Starter)>,
 ) -> Result<Config, StartError> {
     for (queue, policy) in policies {
         if let Some(q) = config.queues.iter_mut().find(|q| q.name == queue) {
@@ -208,6 +217,17 @@ fn apply_policies_and_validate(
     // from `declared`) and not consumed.
     let declared = config.clone();
     config.queues.retain(|q| q.consume);
+    // A stream's work queue (its rungs lead there) is consumed with the
+    // stream's stack and handler; the stream's declarations include it.
+    let work: Vec<QueueConfig> = config.queues.iter().filter_map(QueueConfig::work_queue).collect();
+    for w in work {
+        let of = w.delivery_label().to_owned();
+        if let Some((_, starter)) = starters.iter().find(|(n, _)| *n == of) {
+            let starter = starter.clone();
+            starters.push((w.name.clone(), starter));
+            config.queues.push(w);
+        }
+    }
     Ok(declared)
 }
 
@@ -328,11 +348,16 @@ async fn start_phases(
 async fn open_first_generations(
     plan: &Plan,
     connection: &lapin::Connection,
-) -> Result<Vec<Opened>, StartError> {
+) -> Result<Vec<Option<Opened>>, StartError> {
     // Many at once, each on a channel of its own; in the config's order.
+    // A stream's runner subscribes on its own connection once installed.
     crate::fan_out::in_order(&plan.config.queues, |q| async move {
+        if q.is_stream() {
+            return Ok(None);
+        }
         supervisor::open(&plan.name, q, connection)
             .await
+            .map(Some)
             .map_err(|e| StartError::Consume {
                 queue: q.name.clone(),
                 message: e.to_string(),
@@ -384,10 +409,16 @@ fn queue_parts(
 /// `connections` are closed.
 async fn install_first_generations(
     shared: &Arc<Shared>,
-    first: Vec<Opened>,
+    first: Vec<Option<Opened>>,
     connections: [&Arc<lapin::Connection>; 2],
 ) -> Result<(), StartError> {
     for (index, opened) in first.into_iter().enumerate() {
+        let Some(opened) = opened else {
+            shared
+                .tracker
+                .spawn(supervisor::run_stream(shared.clone(), index));
+            continue;
+        };
         let installed = match shared.install(index, opened) {
             Ok(Some(i)) => i,
             Ok(None) => unreachable!("no drain can have begun before start returns"),

@@ -52,6 +52,8 @@ mod ordering;
 mod queue;
 mod routing;
 mod schema;
+mod stream;
+mod stream_keys;
 #[cfg(test)]
 mod test_support;
 mod validate;
@@ -67,3 +69,5 @@ pub use ordering::{json_key, JsonBody};
 pub use queue::{AckBatch, PrefetchPolicy, QueueConfig, QueueType, RetriesConfig};
 pub use routing::{ArgValue, Arguments, BindingConfig, ExchangeConfig, ExchangeKind};
 pub use schema::{Config, TlsConfig};
+pub use stream::{MAX_PARTITIONS, WORK_SUFFIX};
+pub use stream_keys::{OffsetStore, StreamOffset, StreamsConfig};

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::duration;
 use super::routing::{Arguments, BindingConfig};
+use super::stream_keys::{OffsetStore, StreamOffset};
 
 /// What a drain does with deliveries buffered in the channel that no handler
 /// has started. Serialised as `hand_back` or `handle_buffered`.
@@ -51,6 +52,12 @@ pub enum QueueType {
     Classic,
     /// A quorum queue (replicated; its rungs dead-letter at least once).
     Quorum,
+    /// A stream (feature `streams`), consumed over the stream protocol:
+    /// offsets stored under the consumer's name behind settled work; its
+    /// retries and dead letters leave it for classic rungs, a work queue
+    /// (`{name}.work`) and `{name}.dlq`. See the stream keys of
+    /// [`QueueConfig`].
+    Stream,
 }
 
 impl QueueType {
@@ -59,6 +66,7 @@ impl QueueType {
         match self {
             QueueType::Classic => "classic",
             QueueType::Quorum => "quorum",
+            QueueType::Stream => "stream",
         }
     }
 }
@@ -198,6 +206,49 @@ pub struct QueueConfig {
     /// messages, and fails (exit 78) when it is missing or not JSON.
     #[serde(default)]
     pub schema: Option<std::path::PathBuf>,
+
+    // -- streams (`type: stream`): see `config/stream.rs` --
+    /// Where a stream consumer starts when no offset is stored under its
+    /// name: `first` (default), `last`, `next` or an RFC 3339 timestamp.
+    #[serde(default)]
+    pub offset: Option<StreamOffset>,
+    /// The name a stream's offsets are stored under (default: the stream's
+    /// name). Instances that share it share the offsets, and with a single
+    /// active consumer take turns.
+    #[serde(default)]
+    pub consumer_name: Option<String>,
+    /// The stream's `x-max-length-bytes` retention (default none).
+    #[serde(default)]
+    pub max_length_bytes: Option<u64>,
+    /// The stream's `x-max-age` retention (default none; at least 1 s).
+    #[serde(default, deserialize_with = "duration::option::deserialize")]
+    pub max_age: Option<Duration>,
+    /// The stream's `x-stream-max-segment-size-bytes` (default the broker's,
+    /// 500 MB).
+    #[serde(default)]
+    pub stream_max_segment_size_bytes: Option<u64>,
+    /// A super stream of this many partitions, `{name}-0` … bound to the
+    /// exchange `{name}` with routing keys `0` … (default none: a plain
+    /// stream).
+    #[serde(default)]
+    pub partitions: Option<u16>,
+    /// A super stream with one partition per key, `{name}-{key}`, bound to
+    /// the exchange `{name}` with that routing key (default none).
+    #[serde(default)]
+    pub binding_keys: Vec<String>,
+    /// One active consumer per partition across every instance that shares
+    /// `consumer_name` (default: on for a super stream, off for a plain
+    /// stream; RabbitMQ 3.11 or later).
+    #[serde(default)]
+    pub single_active_consumer: Option<bool>,
+    /// How stored offsets are coalesced (default every 1,000 settled
+    /// messages or within 1 s): see [`OffsetStore`].
+    #[serde(default)]
+    pub offset_store: OffsetStore,
+    /// The stream whose work queue this entry is (set by acemq, never
+    /// read from config).
+    #[serde(skip)]
+    pub(crate) work_of: Option<String>,
 }
 
 impl QueueConfig {
@@ -230,6 +281,16 @@ impl QueueConfig {
             reply_error_text: false,
             reply_addresses: Vec::new(),
             schema: None,
+            offset: None,
+            consumer_name: None,
+            max_length_bytes: None,
+            max_age: None,
+            stream_max_segment_size_bytes: None,
+            partitions: None,
+            binding_keys: Vec::new(),
+            single_active_consumer: None,
+            offset_store: OffsetStore::default(),
+            work_of: None,
         }
     }
 

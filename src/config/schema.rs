@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::duration;
 use super::queue::{PrefetchPolicy, QueueConfig};
 use super::routing::ExchangeConfig;
+use super::stream_keys::StreamsConfig;
 
 /// The whole configuration: the drain's deadlines and the queues to consume.
 ///
@@ -94,6 +95,10 @@ pub struct Config {
     /// Exchanges to declare before the queues are bound to them (default
     /// none). See [`ExchangeConfig`].
     pub exchanges: Vec<ExchangeConfig>,
+
+    /// The stream plugin's listener, for `type: stream` queues (default
+    /// port 5552, the AMQP address's host). See [`StreamsConfig`].
+    pub streams: StreamsConfig,
 }
 
 /// TLS files for `amqps://` addresses: a CA bundle to trust instead of the
@@ -133,6 +138,7 @@ impl std::fmt::Debug for Config {
             pause_hand_back_after,
             queues,
             exchanges,
+            streams,
         } = self;
         let addresses: Vec<String> = addresses
             .iter()
@@ -150,6 +156,7 @@ impl std::fmt::Debug for Config {
             .field("pause_hand_back_after", pause_hand_back_after)
             .field("queues", queues)
             .field("exchanges", exchanges)
+            .field("streams", streams)
             .finish()
     }
 }
@@ -170,6 +177,7 @@ impl Default for Config {
             pause_hand_back_after: Config::DEFAULT_PAUSE_HAND_BACK_AFTER,
             queues: Vec::new(),
             exchanges: Vec::new(),
+            streams: StreamsConfig::default(),
         }
     }
 }

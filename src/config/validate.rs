@@ -99,6 +99,7 @@ impl Config {
             }
             queue.validate_at(i)?;
             queue.validate_in_queue_at(i)?;
+            queue.validate_stream_at(i)?;
             if let Some(ordered_by) = &queue.ordered_by {
                 super::ordering::validate_at(ordered_by, i)?;
             }

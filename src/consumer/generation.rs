@@ -42,6 +42,10 @@ pub(crate) enum End {
     /// A pause lasted past `pause_hand_back_after`: the consumer was
     /// cancelled and the work handed back.
     Parked,
+    /// A stream's connection is gone (why).
+    StreamLost(String),
+    /// A stream is no longer available: deleted, or its leader moved.
+    StreamGone(String),
 }
 
 /// The loop's state, apart from the futures it drives.

@@ -114,8 +114,39 @@ fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
 fn type_args(kind: QueueType) -> Vec<(&'static str, AMQPValue)> {
     match kind {
         QueueType::Quorum => vec![("x-queue-type", str_arg("quorum"))],
+        QueueType::Stream => vec![("x-queue-type", str_arg("stream"))],
         _ => Vec::new(),
     }
+}
+
+/// The type of what a queue dead-letters into and waits on: its own, but
+/// classic for a stream (a stream takes no dead-letter or TTL arguments).
+fn side_kind(kind: QueueType) -> QueueType {
+    if kind == QueueType::Stream {
+        QueueType::Classic
+    } else {
+        kind
+    }
+}
+
+/// A stream's (or each partition's) arguments: its type and retention.
+fn stream_args(q: &QueueConfig) -> FieldTable {
+    let mut args = type_args(QueueType::Stream);
+    let bytes = |n: u64| AMQPValue::LongLongInt(i64::try_from(n).unwrap_or(i64::MAX));
+    if let Some(n) = q.max_length_bytes {
+        args.push(("x-max-length-bytes", bytes(n)));
+    }
+    if let Some(age) = q.max_age {
+        args.push(("x-max-age", str_arg(&format!("{}s", age.as_secs()))));
+    }
+    if let Some(n) = q.stream_max_segment_size_bytes {
+        args.push(("x-stream-max-segment-size-bytes", bytes(n)));
+    }
+    let mut arguments = table(args);
+    for (k, v) in &q.arguments {
+        arguments.insert(ShortString::from(k.as_str()), arg_value(v));
+    }
+    arguments
 }
 
 impl Topology {
@@ -132,12 +163,20 @@ impl Topology {
             .collect();
         let mut decls = Vec::new();
         let mut bindings = Vec::new();
+        let mut topology_exchanges: Vec<ExchangeDecl> = exchanges;
         for q in &config.queues {
             decls.extend(Self::for_queue(q));
             bindings.extend(Self::bindings_of(q));
+            if q.is_super_stream() {
+                topology_exchanges.push(ExchangeDecl {
+                    name: q.name.clone(),
+                    kind: ExchangeKind::Direct,
+                    durable: true,
+                });
+            }
         }
         Topology {
-            exchanges,
+            exchanges: topology_exchanges,
             decls,
             bindings,
         }
@@ -150,6 +189,9 @@ impl Topology {
     /// rungs carry none (nothing consumes them).
     #[doc(hidden)]
     pub fn for_queue(q: &QueueConfig) -> Vec<QueueDecl> {
+        if q.is_stream() {
+            return Self::for_stream(q);
+        }
         let mut out = Vec::new();
         let quorum = q.kind == QueueType::Quorum;
         let mut main = type_args(q.kind);
@@ -210,10 +252,64 @@ impl Topology {
         out
     }
 
+    /// A stream's declarations: the stream, or each partition of a super
+    /// stream, with its retention; its dead-letter queue and rungs
+    /// (classic), the rungs dead-lettering into its work queue, and the
+    /// work queue.
+    fn for_stream(q: &QueueConfig) -> Vec<QueueDecl> {
+        let mut out: Vec<QueueDecl> = q
+            .stream_partitions()
+            .into_iter()
+            .map(|(name, _)| QueueDecl {
+                name,
+                arguments: stream_args(q),
+                passive: q.passive,
+                delivery_limit: None,
+            })
+            .collect();
+        if q.dead_letter {
+            out.push(QueueDecl {
+                name: q.dlq_name(),
+                arguments: FieldTable::default(),
+                passive: q.passive,
+                delivery_limit: None,
+            });
+        }
+        for (name, delay) in q.rungs() {
+            out.push(QueueDecl {
+                name,
+                arguments: table(rung_args(q, delay)),
+                passive: q.passive,
+                delivery_limit: None,
+            });
+        }
+        if let Some(work) = q.work_queue_name() {
+            out.push(QueueDecl {
+                name: work,
+                arguments: FieldTable::default(),
+                passive: q.passive,
+                delivery_limit: None,
+            });
+        }
+        out
+    }
+
     /// The bindings of one queue: one per routing key, or one with the empty
-    /// key when it gives none.
+    /// key when it gives none. A super stream's partitions are bound to its
+    /// exchange in order (`x-stream-partition-order`).
     pub(crate) fn bindings_of(q: &QueueConfig) -> Vec<BindingDecl> {
         let mut out = Vec::new();
+        if q.is_super_stream() && !q.passive {
+            for (order, (partition, key)) in q.stream_partitions().into_iter().enumerate() {
+                let order = i32::try_from(order).unwrap_or(i32::MAX);
+                out.push(BindingDecl {
+                    queue: partition,
+                    exchange: q.name.clone(),
+                    routing_key: key,
+                    arguments: table(vec![("x-stream-partition-order", AMQPValue::LongInt(order))]),
+                });
+            }
+        }
         for b in &q.bindings {
             let arguments = arguments_table(&b.arguments);
             let keys: Vec<&str> = if b.routing_keys.is_empty() {
@@ -257,11 +353,14 @@ impl Topology {
 }
 
 fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)> {
-    let mut args = type_args(q.kind);
+    let mut args = type_args(side_kind(q.kind));
     let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
     args.push(("x-message-ttl", AMQPValue::LongLongInt(ttl)));
     args.push(("x-dead-letter-exchange", str_arg("")));
-    args.push(("x-dead-letter-routing-key", str_arg(&q.name)));
+    // A stream's rungs lead to its work queue: nothing is appended back to
+    // the stream, which other readers share.
+    let back_to = q.work_queue_name().unwrap_or_else(|| q.name.clone());
+    args.push(("x-dead-letter-routing-key", str_arg(&back_to)));
     if q.kind == QueueType::Quorum {
         args.push(("x-dead-letter-strategy", str_arg("at-least-once")));
         args.push(("x-overflow", str_arg("reject-publish")));

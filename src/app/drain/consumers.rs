@@ -27,11 +27,10 @@ pub(super) async fn cancel_consumers<H: Future<Output = ()>>(
     let cancels = join_all(queues.iter().map(|q| {
         let unanswered = &unanswered;
         async move {
-            if !q.channel.status().connected() {
+            let Some(channel) = q.channel.as_ref().filter(|c| c.status().connected()) else {
                 return;
-            }
-            let cancel = q
-                .channel
+            };
+            let cancel = channel
                 .basic_cancel(q.consumer_tag.as_str().into(), BasicCancelOptions::default());
             let why = match tokio::time::timeout_at(deadline, cancel).await {
                 Ok(Ok(())) => return,
@@ -74,8 +73,9 @@ pub(super) fn loops_not_finished(q: &QueueHandle) -> Option<String> {
 /// within [`CLOSE_BOUND`].
 pub(super) async fn close_channels(queues: &[QueueHandle]) -> Vec<String> {
     let closes = join_all(queues.iter().map(|q| async move {
-        if q.channel.status().connected()
-            && close_channel(&q.channel, "OK")
+        let channel = q.channel.as_ref()?;
+        if channel.status().connected()
+            && close_channel(channel, "OK")
                 .await
                 .is_err_and(|e| e.is_unanswered())
         {

@@ -12,12 +12,12 @@ use lapin::Channel;
 use crate::connection::LiveConnections;
 use crate::consumer::QueueStats;
 
-/// One queue's live generation: its channel and consumer, its gate and
-/// its stats.
+/// One queue's live generation: its channel and consumer (a stream's has
+/// none: its loop unsubscribes when intake stops), its gate and its stats.
 #[derive(Clone)]
 pub(crate) struct QueueHandle {
     pub(crate) name: String,
-    pub(crate) channel: Channel,
+    pub(crate) channel: Option<Channel>,
     pub(crate) consumer_tag: String,
     pub(crate) gate: PauseHandle,
     pub(crate) stats: Arc<QueueStats>,

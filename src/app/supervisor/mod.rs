@@ -15,12 +15,15 @@
 //! - `shared`: what the supervisor and the runners share, and how a
 //!   generation is opened and installed;
 //! - `queue`: one queue's runner;
-//! - `connection`: one connection's supervisor.
+//! - `connection`: one connection's supervisor;
+//! - `stream`: one stream's runner (a stream connection per generation).
 
 mod connection;
 mod queue;
 mod shared;
+mod stream;
 
 pub(crate) use connection::supervise;
 pub(crate) use queue::run_queue;
 pub(crate) use shared::{open, Opened, QueueParts, Shared};
+pub(crate) use stream::{run_stream, stream_options};

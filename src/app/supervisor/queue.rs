@@ -287,7 +287,7 @@ impl Runner<'_> {
                 info!(queue = %q.name, "resumed: consuming the queue again");
                 Next::Again
             }
-            Some(End::ServiceFailed(why)) => {
+            Some(End::StreamLost(why) | End::StreamGone(why) | End::ServiceFailed(why)) => {
                 tracing::debug!(queue = %q.name, "the stack failed: {why}");
                 stats.down.store(true, Ordering::Release);
                 recovered(&q.name, "service-failed");

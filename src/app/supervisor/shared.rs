@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::drain::{Link, QueueHandle};
-use crate::app::generation::{LoopFuture, StartCtx, Starter};
+use crate::app::generation::{LoopFuture, Source, StartCtx, Starter};
 use crate::app::health::Health;
 use crate::config::{Config, QueueConfig};
 use crate::connection::Live;
@@ -130,6 +130,26 @@ impl Shared {
         index: usize,
         opened: Opened,
     ) -> Result<Option<Installed>, String> {
+        let channel = opened.channel.clone();
+        let source = Source::Queue {
+            channel: opened.channel,
+            consumer: opened.consumer,
+        };
+        Ok(self
+            .install_source(index, source, Some(channel.clone()), opened.tag)?
+            .map(|(join, rx)| (join, rx, channel)))
+    }
+
+    /// Builds a generation of queue `index` from `source`, registers it as
+    /// the queue's live one and spawns its loop — unless the drain has
+    /// begun.
+    pub(crate) fn install_source(
+        &self,
+        index: usize,
+        source: Source,
+        channel: Option<Channel>,
+        tag: String,
+    ) -> Result<Option<(tokio::task::JoinHandle<()>, oneshot::Receiver<End>)>, String> {
         let q = &self.config.queues[index];
         let parts = &self.queues[index];
         let (tx, rx) = oneshot::channel();
@@ -137,8 +157,7 @@ impl Shared {
         let ctx = StartCtx {
             queue: q,
             config: &self.config,
-            channel: opened.channel.clone(),
-            consumer: opened.consumer,
+            source,
             health: &self.health,
             publisher: &self.publisher,
             intake: &self.intake,
@@ -164,14 +183,14 @@ impl Shared {
         let join = self.tracker.spawn(fut);
         queues[index] = Some(QueueHandle {
             name: q.name.clone(),
-            channel: opened.channel.clone(),
-            consumer_tag: opened.tag,
+            channel,
+            consumer_tag: tag,
             gate: parts.gate.clone(),
             stats: parts.stats.clone(),
         });
         drop(queues);
         parts.stats.down.store(false, Ordering::Release);
-        Ok(Some((join, rx, opened.channel)))
+        Ok(Some((join, rx)))
     }
 }
 
