@@ -58,4 +58,5 @@ mod shop_flow;
 mod shop_queues;
 mod shop_timeout;
 mod soak;
+mod streams;
 mod topology;

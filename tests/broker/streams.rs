@@ -1,0 +1,148 @@
+//! Streams through the shop as a black box (`type: stream`): every order
+//! appended is handled once, a SIGTERM stores the offset so a restart
+//! handles none again, a failure leaves the stream for its rung and work
+//! queue, and a permanent one lands in `<stream>.dlq` with its reason.
+//!
+//! Needs the `rabbitmq_stream` plugin (`rabbitmq-plugins enable
+//! rabbitmq_stream`); its port is `ACEMQ_STREAM_PORT` (default 5552).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+
+use crate::support::{eventually, message_headers, unique, Broker, ShopProcess};
+
+/// The stream plugin's port of the broker under test.
+pub fn stream_port() -> u16 {
+    std::env::var("ACEMQ_STREAM_PORT")
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(5552)
+}
+
+/// A shop config consuming stream `s`, with rungs (1 s) and a dead-letter
+/// queue.
+pub fn stream_yaml(s: &str, extra: &str) -> String {
+    format!(
+        "shutdown_timeout: 10\nstreams: {{ port: {} }}\nqueues:\n  - name: {s}\n    type: stream\n    prefetch: 200\n    concurrency: 8\n    dead_letter: true\n    retries: {{ max_attempts: 3, initial_delay: 1, max_delay: 1, broker_wait_threshold: 1 }}\n{extra}",
+        stream_port()
+    )
+}
+
+/// Every queue a stream entry `s` with a 1 s rung declares.
+pub fn stream_queues(s: &str) -> Vec<String> {
+    vec![
+        s.to_owned(),
+        format!("{s}.dlq"),
+        format!("{s}.retry.1s"),
+        format!("{s}.work"),
+    ]
+}
+
+/// How many times each order id was handled, from the shop's log lines.
+pub fn handled_counts(logs: &[String]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for log in logs {
+        for line in log.lines().filter(|l| l.contains("order handled")) {
+            if let Some(id) = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("order="))
+            {
+                *counts.entry(id.to_owned()).or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
+fn orders(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!(r#"{{"id":"{prefix}-{i}"}}"#).into_bytes())
+        .collect()
+}
+
+async fn handled_within(shop: &ShopProcess, earlier: &[String], n: usize, within: Duration) {
+    let ok = eventually(within, || async {
+        let mut logs = earlier.to_vec();
+        logs.push(shop.stderr());
+        handled_counts(&logs).len() >= n
+    })
+    .await;
+    let mut logs = earlier.to_vec();
+    logs.push(shop.stderr());
+    assert!(
+        ok,
+        "{} distinct orders handled, wanted {n}; last stderr:\n{}",
+        handled_counts(&logs).len(),
+        shop.stderr().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[tokio::test]
+async fn stream_orders_are_handled_once_across_a_sigterm_and_failures_leave_the_stream() {
+    let s = unique("stream-shop");
+    let mut broker = Broker::new().await;
+    let yaml = stream_yaml(&s, "");
+    let envs = [("RUST_LOG", "info")];
+
+    // 1,000 orders appended to the stream, the shop started after them.
+    let mut shop = ShopProcess::spawn(&s, &yaml, &envs);
+    shop.wait_stderr("consuming the stream", Duration::from_secs(20))
+        .await;
+    broker
+        .publish_many(&s, &orders("a", 1000), BasicProperties::default())
+        .await;
+    handled_within(&shop, &[], 1000, Duration::from_secs(60)).await;
+
+    // SIGTERM: exit 0, the offset stored and confirmed.
+    shop.signal("-TERM");
+    let status = shop.exit_within(Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+    assert!(
+        shop.stderr().contains("offset stored and confirmed at the drain"),
+        "stderr:\n{}",
+        shop.stderr()
+    );
+    let first = shop.stderr();
+
+    // A restart handles none again; 100 more exactly once; one order
+    // that fails once is handled on its retry; a permanent failure lands
+    // in the dead-letter queue.
+    let mut shop = ShopProcess::spawn(&s, &yaml, &envs);
+    shop.wait_stderr("consuming the stream", Duration::from_secs(20))
+        .await;
+    let mut more = orders("b", 100);
+    more.push(br#"{"id":"once","fail_attempts":1}"#.to_vec());
+    more.push(br#"{"id":"never","fail":"permanent"}"#.to_vec());
+    broker
+        .publish_many(&s, &more, BasicProperties::default())
+        .await;
+    handled_within(&shop, std::slice::from_ref(&first), 1101, Duration::from_secs(60)).await;
+    assert!(
+        broker.wait_ready(&format!("{s}.dlq"), 1, Duration::from_secs(10)).await,
+        "the permanent failure never reached {s}.dlq"
+    );
+    shop.signal("-TERM");
+    let status = shop.exit_within(Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+
+    let counts = handled_counts(&[first, shop.stderr()]);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    assert_eq!(counts.len(), 1101, "1,000 + 100 + the retried one");
+    assert!(
+        shop.stderr().contains("order handled order=once attempt=2"),
+        "the failed order is handled on its retry; stderr:\n{}",
+        shop.stderr()
+    );
+    let dead = broker.get(&format!("{s}.dlq")).await.expect("a dead letter");
+    let headers = message_headers(&dead.properties);
+    assert_eq!(
+        headers.get("x-acemq-reason").and_then(|v| v.as_str()),
+        Some("rejected")
+    );
+    assert!(String::from_utf8_lossy(&dead.data).contains("never"));
+    // Nothing was appended back to the stream: 1,102 messages.
+    broker.delete(&stream_queues(&s)).await;
+}
