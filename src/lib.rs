@@ -85,6 +85,8 @@ mod publish;
 pub mod rpc;
 pub mod settle;
 pub mod stack;
+#[cfg(feature = "streams")]
+pub mod stream;
 mod sync;
 mod telemetry;
 #[cfg(feature = "test-util")]

@@ -58,4 +58,6 @@ mod shop_flow;
 mod shop_queues;
 mod shop_timeout;
 mod soak;
+#[cfg(feature = "streams")]
+mod stream_client;
 mod topology;
