@@ -52,7 +52,7 @@ pub enum QueueType {
     Classic,
     /// A quorum queue (replicated; its rungs dead-letter at least once).
     Quorum,
-    /// A stream (feature `streams`), consumed over the stream protocol:
+    /// A stream, consumed over the stream protocol (port 5552):
     /// offsets stored under the consumer's name behind settled work; its
     /// retries and dead letters leave it for classic rungs, a work queue
     /// (`{name}.work`) and `{name}.dlq`. See the stream keys of

@@ -58,5 +58,6 @@ mod shop_flow;
 mod shop_queues;
 mod shop_timeout;
 mod soak;
+mod stream_client;
 mod streams;
 mod topology;

@@ -1,0 +1,31 @@
+//! A bounded AMQP 1.0 message decoder: a stream's records are AMQP 1.0
+//! messages (RabbitMQ converts what AMQP 0-9-1 publishers send).
+//!
+//! Sections read: `header` (durable → `delivery_mode` 2, priority, ttl →
+//! `expiration`), `properties` (message-id and correlation-id as strings
+//! whatever their AMQP type; user-id; subject → `kind`; reply-to;
+//! content-type; content-encoding; creation-time → `timestamp` in seconds),
+//! `application-properties` (→ headers), `message-annotations` (those whose
+//! keys start with `x-` → headers too), `data` (concatenated into the body),
+//! `amqp-value` (a binary or string is the body; any other value's encoding
+//! is), `amqp-sequence` (its encoding is the body). `delivery-annotations`
+//! and `footer` are skipped.
+//!
+//! AMQP 1.0 types map to [`Value`](acemq_layers::Value): booleans, integers
+//! and floats to theirs (a `ulong` to `I64`, or its decimal text when over
+//! `i64::MAX`), strings and symbols to `String`, binaries and decimals (raw)
+//! to `Bytes`, a timestamp to `Timestamp` in seconds (`I64` milliseconds
+//! when before 1970), a uuid to its hyphenated text, lists and arrays to
+//! `Array`, maps to `Table` (keys as text).
+//!
+//! The decoder never recurses: nesting is bounded by
+//! [`MAX_HEADER_DEPTH`](crate::convert::MAX_HEADER_DEPTH) and a message's
+//! header sections by
+//! [`MAX_HEADER_VALUES`](crate::convert::MAX_HEADER_VALUES) values;
+//! anything over them, cut short or of an unknown type gives a malformed
+//! message, never an error of the connection.
+
+mod message;
+mod value;
+
+pub use message::decode;

@@ -1,0 +1,164 @@
+//! The connection's two tasks. One reader parses frames in the order the
+//! socket gives them and hands chunks out in that order (so with credit
+//! over 1 chunks still arrive in stream order); one writer sends queued
+//! frames and the heartbeat.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::state::{Response, State};
+use crate::stream::error::{ResponseCode, StreamError};
+use crate::stream::protocol::chunk;
+use crate::stream::protocol::frame::{self, ServerFrame};
+use crate::stream::types::StreamEvent;
+
+/// How long one write may take before the connection is taken as lost.
+const WRITE_BOUND: Duration = Duration::from_secs(10);
+
+/// Reads one frame (without its size prefix). A size over `max` is refused
+/// before anything is allocated for it.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Bytes, StreamError> {
+    let size = r.read_u32().await.map_err(io)?;
+    if size > max {
+        return Err(StreamError::FrameTooLarge { size, max });
+    }
+    if size < 4 {
+        return Err(StreamError::Protocol(format!(
+            "a frame of {size} bytes, under a key and version"
+        )));
+    }
+    let mut buf = BytesMut::zeroed(size as usize);
+    r.read_exact(&mut buf).await.map_err(io)?;
+    Ok(buf.freeze())
+}
+
+/// Writes one frame within [`WRITE_BOUND`].
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frame: &[u8],
+) -> Result<(), StreamError> {
+    match tokio::time::timeout(WRITE_BOUND, w.write_all(frame)).await {
+        Ok(result) => result.map_err(io),
+        Err(_) => Err(StreamError::Io(format!(
+            "a write took over {WRITE_BOUND:?}"
+        ))),
+    }
+}
+
+pub(crate) fn io(e: std::io::Error) -> StreamError {
+    StreamError::Io(e.to_string())
+}
+
+/// The reader: routes responses to their requests and everything else to
+/// `events`, until the socket ends, a frame cannot be read, or the broker
+/// is silent for `2 × heartbeat` (no bound when `heartbeat` is zero). Its
+/// last event is [`StreamEvent::Closed`].
+pub(crate) async fn reader<R: AsyncRead + Unpin>(
+    mut r: R,
+    state: Arc<State>,
+    events: mpsc::UnboundedSender<StreamEvent>,
+    frame_max: u32,
+    heartbeat: Duration,
+) {
+    let why = loop {
+        let next = read_frame(&mut r, frame_max);
+        let bytes = if heartbeat.is_zero() {
+            next.await
+        } else {
+            match tokio::time::timeout(heartbeat * 2, next).await {
+                Ok(read) => read,
+                Err(_) => {
+                    break StreamError::HeartbeatTimeout {
+                        silent: heartbeat * 2,
+                    }
+                }
+            }
+        };
+        let decoded = bytes.and_then(frame::decode);
+        let event = match decoded {
+            Err(e) => break e,
+            Ok(ServerFrame::Response { corr, code, body }) => {
+                state.answer(corr, Response { code, body });
+                continue;
+            }
+            Ok(ServerFrame::Deliver {
+                subscription,
+                chunk,
+            }) => match chunk::parse(subscription, chunk) {
+                Ok(c) => StreamEvent::Chunk(c),
+                Err(e) => break e,
+            },
+            Ok(ServerFrame::CreditError { code, subscription }) => StreamEvent::CreditRefused {
+                subscription,
+                code: ResponseCode::from_u16(code),
+            },
+            Ok(ServerFrame::MetadataUpdate { code, stream }) => {
+                StreamEvent::MetadataUpdate { stream, code }
+            }
+            Ok(ServerFrame::ConsumerUpdate {
+                corr,
+                subscription,
+                active,
+            }) => StreamEvent::ConsumerUpdate {
+                subscription,
+                correlation_id: corr,
+                active,
+            },
+            Ok(ServerFrame::Close { corr, code, reason }) => {
+                let _ = state.send(frame::ok_response(frame::CLOSE, corr));
+                break StreamError::ClosedByBroker { code, reason };
+            }
+            Ok(ServerFrame::Heartbeat | ServerFrame::Tune { .. } | ServerFrame::Other { .. }) => {
+                continue
+            }
+        };
+        // A receiver dropped is an application not listening: the
+        // connection goes on for its requests.
+        let _ = events.send(event);
+    };
+    let why = state.end(why);
+    let _ = events.send(StreamEvent::Closed(why));
+}
+
+/// The writer: sends queued frames in order, and a heartbeat every
+/// `heartbeat` (none when zero), until the queue closes or a write fails.
+pub(crate) async fn writer<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut out: mpsc::UnboundedReceiver<Bytes>,
+    state: Arc<State>,
+    heartbeat: Duration,
+) {
+    let period = if heartbeat.is_zero() {
+        Duration::from_secs(3600 * 24 * 365)
+    } else {
+        heartbeat
+    };
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let frame = tokio::select! {
+            next = out.recv() => match next {
+                Some(frame) => frame,
+                None => break,
+            },
+            _ = tick.tick() => {
+                if heartbeat.is_zero() {
+                    continue;
+                }
+                frame::heartbeat()
+            }
+        };
+        if let Err(e) = write_frame(&mut w, &frame).await {
+            state.end(e);
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), w.shutdown()).await;
+}

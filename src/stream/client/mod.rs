@@ -1,0 +1,12 @@
+//! The connection to the stream plugin: connect, subscribe, credit, offsets,
+//! metadata; plain TCP only.
+
+mod conn;
+mod handshake;
+mod io;
+mod metadata;
+mod options;
+mod state;
+
+pub use conn::{StreamClient, REQUEST_TIMEOUT};
+pub use options::StreamOptions;
