@@ -54,6 +54,11 @@ impl BrokerCheck<'_> {
         };
         info!(%broker, version = %version.version, "broker version: {version}");
         health.set_broker_version(Some(version.to_string()));
+        if version.product == "RabbitMQ" && !version.at_least(3, 11) {
+            if let Some(e) = self.declared.single_active_before_3_11(&version.to_string()) {
+                return Err(e);
+            }
+        }
         if version.product == "RabbitMQ" && version.at_least(4, 3) {
             let shown = version.to_string();
             if let Some(e) = self.declared.refused_on_4_3(&shown) {

@@ -85,6 +85,12 @@ impl QueueConfig {
         self.work_of.as_deref().unwrap_or(&self.name)
     }
 
+    /// Whether the entry subscribes with a single active consumer (a super
+    /// stream, or `single_active_consumer: true`).
+    fn needs_3_11(&self) -> bool {
+        self.is_stream() && self.stream_single_active()
+    }
+
     pub(super) fn validate_stream_at(&self, i: usize) -> Result<(), ConfigError> {
         let field = |name: &str| format!("queues[{i}].{name}");
         if !self.is_stream() {
@@ -160,5 +166,19 @@ impl QueueConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl super::Config {
+    /// The error for a stream entry that needs RabbitMQ 3.11 or later (a
+    /// single active consumer, a super stream) on an older `broker`.
+    pub(crate) fn single_active_before_3_11(&self, broker: &str) -> Option<ConfigError> {
+        let (i, q) = self.queues.iter().enumerate().find(|(_, q)| q.needs_3_11())?;
+        let key = if q.is_super_stream() { "partitions" } else { "single_active_consumer" };
+        Some(ConfigError::invalid(
+            format!("queues[{i}].{key}"),
+            format!("{:?} needs a single active consumer per partition, which RabbitMQ {broker} does not have (3.11 or later)", q.name),
+            "upgrade the broker, or consume a plain stream with single_active_consumer: false (each instance then reads every message)",
+        ))
     }
 }
