@@ -94,12 +94,12 @@ pub mod topology;
 
 // The public paths, kept where users found them.
 pub use app::{drain, health};
+/// A stream message's offset, in its delivery's extensions.
+pub use consumer::StreamOffsetOf;
 #[cfg(feature = "axum")]
 pub use ops::admin;
 pub use ops::replay;
 pub use publish::{delay, publisher};
-/// A stream message's offset, in its delivery's extensions.
-pub use consumer::StreamOffsetOf;
 
 pub use acemq_layers as layers;
 pub use acemq_layers::{

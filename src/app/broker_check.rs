@@ -55,7 +55,10 @@ impl BrokerCheck<'_> {
         info!(%broker, version = %version.version, "broker version: {version}");
         health.set_broker_version(Some(version.to_string()));
         if version.product == "RabbitMQ" && !version.at_least(3, 11) {
-            if let Some(e) = self.declared.single_active_before_3_11(&version.to_string()) {
+            if let Some(e) = self
+                .declared
+                .single_active_before_3_11(&version.to_string())
+            {
                 return Err(e);
             }
         }

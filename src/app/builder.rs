@@ -4,8 +4,8 @@
 
 use crate::sync::Locked;
 use std::future::Future;
-use std::sync::Arc;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use acemq_layers::{BoxError, Classify, Delivery};
 use tower::{Layer, Service};

@@ -84,13 +84,15 @@ impl App {
         }
         let plan = Plan::new(config, declared, addr, name, factory)?;
         if plan.config.queues.iter().any(QueueConfig::is_stream) {
-            supervisor::stream_options(&plan.config, &plan.addresses, &plan.name).map_err(|why| {
-                StartError::Config(ConfigError::invalid(
-                    "streams",
-                    why,
-                    "see the streams section of README.md",
-                ))
-            })?;
+            supervisor::stream_options(&plan.config, &plan.addresses, &plan.name).map_err(
+                |why| {
+                    StartError::Config(ConfigError::invalid(
+                        "streams",
+                        why,
+                        "see the streams section of README.md",
+                    ))
+                },
+            )?;
         }
         tokio::pin!(stop);
         let started = connect_until(&plan, &health, stop.as_mut()).await?;
@@ -219,7 +221,11 @@ fn apply_policies_and_validate(
     config.queues.retain(|q| q.consume);
     // A stream's work queue (its rungs lead there) is consumed with the
     // stream's stack and handler; the stream's declarations include it.
-    let work: Vec<QueueConfig> = config.queues.iter().filter_map(QueueConfig::work_queue).collect();
+    let work: Vec<QueueConfig> = config
+        .queues
+        .iter()
+        .filter_map(QueueConfig::work_queue)
+        .collect();
     for w in work {
         let of = w.delivery_label().to_owned();
         if let Some((_, starter)) = starters.iter().find(|(n, _)| *n == of) {

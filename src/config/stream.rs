@@ -59,7 +59,8 @@ impl QueueConfig {
     /// and it is consumed with the stream's handler. Only a stream with
     /// rungs has one.
     pub fn work_queue_name(&self) -> Option<String> {
-        (self.is_stream() && !self.rungs().is_empty()).then(|| format!("{}{WORK_SUFFIX}", self.name))
+        (self.is_stream() && !self.rungs().is_empty())
+            .then(|| format!("{}{WORK_SUFFIX}", self.name))
     }
 
     /// The work queue's own entry: the stream's handler settings on a
@@ -105,7 +106,10 @@ impl QueueConfig {
                 ),
                 ("partitions", self.partitions.is_some()),
                 ("binding_keys", !self.binding_keys.is_empty()),
-                ("single_active_consumer", self.single_active_consumer.is_some()),
+                (
+                    "single_active_consumer",
+                    self.single_active_consumer.is_some(),
+                ),
                 ("offset_store", self.offset_store != OffsetStore::default()),
             ];
             if let Some((key, _)) = set.iter().find(|(_, on)| *on) {
@@ -117,34 +121,58 @@ impl QueueConfig {
             }
             return Ok(());
         }
-        let refuse = |key: &str, why: &str| Err(ConfigError::invalid(field(key), "is set on a stream", why));
+        let refuse =
+            |key: &str, why: &str| Err(ConfigError::invalid(field(key), "is set on a stream", why));
         if self.consumer_timeout.is_some() {
-            return refuse("consumer_timeout", "a stream has no acknowledgement timeout: remove it");
+            return refuse(
+                "consumer_timeout",
+                "a stream has no acknowledgement timeout: remove it",
+            );
         }
         if self.retries.as_ref().is_some_and(|r| r.in_queue) {
-            return refuse("retries.in_queue", "a stream's retries leave the stream for its rungs: remove in_queue");
+            return refuse(
+                "retries.in_queue",
+                "a stream's retries leave the stream for its rungs: remove in_queue",
+            );
         }
         if !self.bindings.is_empty() {
-            return refuse("bindings", "bind a super stream with `partitions` or `binding_keys` instead");
+            return refuse(
+                "bindings",
+                "bind a super stream with `partitions` or `binding_keys` instead",
+            );
         }
         if self.partitions.is_some() && !self.binding_keys.is_empty() {
-            return refuse("binding_keys", "give `partitions: N` or `binding_keys`, not both");
+            return refuse(
+                "binding_keys",
+                "give `partitions: N` or `binding_keys`, not both",
+            );
         }
-        if self.partitions.is_some_and(|n| n == 0 || n > MAX_PARTITIONS) {
+        if self
+            .partitions
+            .is_some_and(|n| n == 0 || n > MAX_PARTITIONS)
+        {
             return Err(ConfigError::invalid(
                 field("partitions"),
                 "is 0 or above 1000",
                 "give the super stream's number of partitions, e.g. 3",
             ));
         }
-        if self.binding_keys.iter().any(|k| k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control())) {
+        if self
+            .binding_keys
+            .iter()
+            .any(|k| k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
             return Err(ConfigError::invalid(
                 field("binding_keys"),
                 "holds an empty key or one with whitespace",
                 "give each partition's routing key, e.g. [eu, us]",
             ));
         }
-        if self.consumer_name.as_deref().is_some_and(|n| n.is_empty() || n.len() > 255) {
+        if self
+            .consumer_name
+            .as_deref()
+            .is_some_and(|n| n.is_empty() || n.len() > 255)
+        {
             return Err(ConfigError::invalid(
                 field("consumer_name"),
                 "is empty or longer than 255 bytes",
@@ -173,8 +201,16 @@ impl super::Config {
     /// The error for a stream entry that needs RabbitMQ 3.11 or later (a
     /// single active consumer, a super stream) on an older `broker`.
     pub(crate) fn single_active_before_3_11(&self, broker: &str) -> Option<ConfigError> {
-        let (i, q) = self.queues.iter().enumerate().find(|(_, q)| q.needs_3_11())?;
-        let key = if q.is_super_stream() { "partitions" } else { "single_active_consumer" };
+        let (i, q) = self
+            .queues
+            .iter()
+            .enumerate()
+            .find(|(_, q)| q.needs_3_11())?;
+        let key = if q.is_super_stream() {
+            "partitions"
+        } else {
+            "single_active_consumer"
+        };
         Some(ConfigError::invalid(
             format!("queues[{i}].{key}"),
             format!("{:?} needs a single active consumer per partition, which RabbitMQ {broker} does not have (3.11 or later)", q.name),

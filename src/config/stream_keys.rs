@@ -100,7 +100,11 @@ fn rfc3339_millis(s: &str) -> Option<i64> {
         if digits == 0 {
             return None;
         }
-        let first3: String = frac[..digits].chars().chain("000".chars()).take(3).collect();
+        let first3: String = frac[..digits]
+            .chars()
+            .chain("000".chars())
+            .take(3)
+            .collect();
         millis = first3.parse::<i64>().ok()?;
         rest = &frac[digits..];
     }
@@ -198,4 +202,3 @@ impl Default for StreamsConfig {
         }
     }
 }
-

@@ -67,11 +67,12 @@
 
 mod generation;
 mod handler;
+mod offsets;
 mod phase;
 mod rounds;
-mod offsets;
 mod run;
 mod stats;
+mod stream_delivery;
 mod stream_loop;
 mod strikes;
 mod struck;
@@ -82,5 +83,5 @@ pub(crate) use generation::End;
 pub(crate) use handler::Released;
 pub(crate) use run::ConsumerLoop;
 pub(crate) use stats::QueueStats;
+pub use stream_delivery::StreamOffsetOf;
 pub(crate) use stream_loop::{Partition, StreamLoop, INITIAL_CREDIT};
-pub use stream_loop::StreamOffsetOf;

@@ -72,14 +72,22 @@ impl Offsets {
     /// The offset to store now, if a store is due: `every` settled since
     /// the last, or the first of them `within` ago (`force`: whenever
     /// anything is unstored, as at the drain).
-    pub(crate) fn due(&self, now: Instant, every: u32, within: Duration, force: bool) -> Option<u64> {
+    pub(crate) fn due(
+        &self,
+        now: Instant,
+        every: u32,
+        within: Duration,
+        force: bool,
+    ) -> Option<u64> {
         let settled = self.settled?;
         if self.stored == Some(settled) {
             return None;
         }
         let due = force
             || self.unstored >= every
-            || self.since.is_some_and(|s| now.saturating_duration_since(s) >= within);
+            || self
+                .since
+                .is_some_and(|s| now.saturating_duration_since(s) >= within);
         due.then_some(settled)
     }
 
@@ -150,7 +158,11 @@ mod tests {
             assert!(o.read(off));
             o.settle(off, now);
         }
-        assert_eq!(o.due(now, EVERY, WITHIN, false), None, "2 < every, not yet within");
+        assert_eq!(
+            o.due(now, EVERY, WITHIN, false),
+            None,
+            "2 < every, not yet within"
+        );
         assert_eq!(o.due(now + WITHIN, EVERY, WITHIN, false), Some(6));
         assert!(o.read(7));
         o.settle(7, now);

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_layers::{BoxError, Decision, Delivery, Lifeline, Received};
+use acemq_layers::{BoxError, Decision, Delivery, Lifeline};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -27,9 +27,10 @@ use super::generation::End;
 use super::handler::{start_handler, Finished, Handling, Released};
 use super::offsets::Offsets;
 use super::stats::{record, LoopGauge, OutcomeCounters, QueueStats};
+use super::stream_delivery::{delivery_of, delivery_offset, redelivered};
 use crate::config::OffsetStore;
 use crate::connection::CLOSE_BOUND;
-use crate::stream::{Chunk, OffsetSpec, StreamClient, StreamEvent, StreamMessage};
+use crate::stream::{Chunk, OffsetSpec, StreamClient, StreamEvent};
 
 /// Chunks granted to each subscription when it starts.
 pub(crate) const INITIAL_CREDIT: u16 = 2;
@@ -317,7 +318,9 @@ impl State<'_> {
                     offsets.settle(read.offset, now);
                 }
             }
-            Decision::HandBack | Decision::Requeue if !self.stopping && !self.lifeline.hands_back_held() => {
+            Decision::HandBack | Decision::Requeue
+                if !self.stopping && !self.lifeline.hands_back_held() =>
+            {
                 // A stream has no requeue: read it again here.
                 self.next_tag += 1;
                 let again = redelivered(&read.delivery, self.next_tag, self.lifeline);
@@ -343,9 +346,12 @@ impl State<'_> {
                 match self.client.store_offset(self.consumer_name, stream, offset) {
                     Ok(()) => {
                         offsets.stored(offset);
-                        metrics::counter!("acemq.stream.stores", "queue" => self.queue.to_string()).increment(1);
+                        metrics::counter!("acemq.stream.stores", "queue" => self.queue.to_string())
+                            .increment(1);
                     }
-                    Err(e) => debug!(queue = %self.queue, stream = %stream, error = %e, "storing the offset failed; it is stored at the next chance"),
+                    Err(e) => {
+                        debug!(queue = %self.queue, stream = %stream, error = %e, "storing the offset failed; it is stored at the next chance")
+                    }
                 }
             }
         }
@@ -360,7 +366,12 @@ impl State<'_> {
             let deadline = tokio::time::Instant::now() + CLOSE_BOUND;
             let mut seen = None;
             while tokio::time::Instant::now() < deadline {
-                match tokio::time::timeout_at(deadline, self.client.query_offset(self.consumer_name, stream)).await {
+                match tokio::time::timeout_at(
+                    deadline,
+                    self.client.query_offset(self.consumer_name, stream),
+                )
+                .await
+                {
                     Ok(Ok(Some(o))) if o >= want => {
                         seen = Some(o);
                         break;
@@ -381,7 +392,13 @@ impl State<'_> {
     /// The broker made this instance the partition's active consumer, or
     /// took that away: start from the stored offset, or store what settled
     /// and forget what is unsettled.
-    async fn consumer_update(&mut self, sub: u8, correlation_id: u32, active: bool, fallback: OffsetSpec) {
+    async fn consumer_update(
+        &mut self,
+        sub: u8,
+        correlation_id: u32,
+        active: bool,
+        fallback: OffsetSpec,
+    ) {
         let part = usize::from(sub);
         let Some((stream, offsets)) = self.partitions.get_mut(part) else {
             return;
@@ -399,7 +416,11 @@ impl State<'_> {
             stored.map_or(fallback, |o| OffsetSpec::Offset(o + 1))
         } else {
             if let Some(o) = offsets.due(Instant::now(), 1, Duration::ZERO, true) {
-                if self.client.store_offset(self.consumer_name, &stream, o).is_ok() {
+                if self
+                    .client
+                    .store_offset(self.consumer_name, &stream, o)
+                    .is_ok()
+                {
                     offsets.stored(o);
                 }
             }
@@ -417,7 +438,11 @@ impl State<'_> {
             info!(queue = %self.queue, stream = %stream, dropped = before - self.buffer.len(), "no longer the partition's active consumer: what was not started is left to the new one");
             OffsetSpec::Next
         };
-        if let Err(e) = self.client.answer_consumer_update(correlation_id, spec).await {
+        if let Err(e) = self
+            .client
+            .answer_consumer_update(correlation_id, spec)
+            .await
+        {
             warn!(queue = %self.queue, stream = %stream, error = %e, "answering the broker's consumer update failed");
         }
     }
@@ -431,63 +456,4 @@ impl State<'_> {
             .unsettled
             .store(pending.max(running), Ordering::Relaxed);
     }
-}
-
-/// The offset a delivery was read at (kept in its extensions).
-fn delivery_offset(d: &Delivery) -> u64 {
-    d.extensions().get::<StreamOffsetOf>().map_or(0, |o| o.0)
-}
-
-/// A stream message's offset, in its delivery's extensions: read it with
-/// `delivery.extensions().get::<StreamOffsetOf>()`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamOffsetOf(pub u64);
-
-/// A stream message as a delivery: the routing key it was published with
-/// (`x-routing-key`, where the broker kept it), else the partition's name.
-fn delivery_of(queue: &Arc<str>, stream: &str, m: StreamMessage, tag: u64, lifeline: &Lifeline) -> Delivery {
-    let routing_key = match m.headers.get("x-routing-key") {
-        Some(acemq_layers::Value::String(s)) => String::from_utf8_lossy(s).into_owned(),
-        _ => stream.to_owned(),
-    };
-    let exchange = match m.headers.get("x-exchange") {
-        Some(acemq_layers::Value::String(s)) => String::from_utf8_lossy(s).into_owned(),
-        _ => String::new(),
-    };
-    let mut d = Delivery::received(Received {
-        queue: queue.clone(),
-        exchange,
-        routing_key,
-        body: m.body,
-        headers: m.headers,
-        properties: m.properties,
-        delivery_tag: tag,
-        redelivered: false,
-        lifeline: lifeline.clone(),
-    });
-    d.extensions_mut().insert(StreamOffsetOf(m.offset));
-    if let Some(why) = m.malformed {
-        d.extensions_mut()
-            .insert(acemq_layers::redelivery::MalformedHeaders::new(why));
-    }
-    d
-}
-
-/// The same message again, for a hand-back outside the drain.
-fn redelivered(d: &Delivery, tag: u64, lifeline: &Lifeline) -> Delivery {
-    let mut again = Delivery::received(Received {
-        queue: Arc::from(d.queue()),
-        exchange: d.exchange().to_owned(),
-        routing_key: d.routing_key().to_owned(),
-        body: d.body().clone(),
-        headers: d.headers().clone(),
-        properties: d.properties().clone(),
-        delivery_tag: tag,
-        redelivered: true,
-        lifeline: lifeline.clone(),
-    });
-    again
-        .extensions_mut()
-        .insert(StreamOffsetOf(delivery_offset(d)));
-    again
 }

@@ -306,7 +306,10 @@ impl Topology {
                     queue: partition,
                     exchange: q.name.clone(),
                     routing_key: key,
-                    arguments: table(vec![("x-stream-partition-order", AMQPValue::LongInt(order))]),
+                    arguments: table(vec![(
+                        "x-stream-partition-order",
+                        AMQPValue::LongInt(order),
+                    )]),
                 });
             }
         }

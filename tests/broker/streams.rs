@@ -75,7 +75,12 @@ async fn handled_within(shop: &ShopProcess, earlier: &[String], n: usize, within
         ok,
         "{} distinct orders handled, wanted {n}; last stderr:\n{}",
         handled_counts(&logs).len(),
-        shop.stderr().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        shop.stderr()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -100,7 +105,8 @@ async fn stream_orders_are_handled_once_across_a_sigterm_and_failures_leave_the_
     let status = shop.exit_within(Duration::from_secs(20)).await;
     assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
     assert!(
-        shop.stderr().contains("offset stored and confirmed at the drain"),
+        shop.stderr()
+            .contains("offset stored and confirmed at the drain"),
         "stderr:\n{}",
         shop.stderr()
     );
@@ -118,9 +124,17 @@ async fn stream_orders_are_handled_once_across_a_sigterm_and_failures_leave_the_
     broker
         .publish_many(&s, &more, BasicProperties::default())
         .await;
-    handled_within(&shop, std::slice::from_ref(&first), 1101, Duration::from_secs(60)).await;
+    handled_within(
+        &shop,
+        std::slice::from_ref(&first),
+        1101,
+        Duration::from_secs(60),
+    )
+    .await;
     assert!(
-        broker.wait_ready(&format!("{s}.dlq"), 1, Duration::from_secs(10)).await,
+        broker
+            .wait_ready(&format!("{s}.dlq"), 1, Duration::from_secs(10))
+            .await,
         "the permanent failure never reached {s}.dlq"
     );
     shop.signal("-TERM");
@@ -136,7 +150,10 @@ async fn stream_orders_are_handled_once_across_a_sigterm_and_failures_leave_the_
         "the failed order is handled on its retry; stderr:\n{}",
         shop.stderr()
     );
-    let dead = broker.get(&format!("{s}.dlq")).await.expect("a dead letter");
+    let dead = broker
+        .get(&format!("{s}.dlq"))
+        .await
+        .expect("a dead letter");
     let headers = message_headers(&dead.properties);
     assert_eq!(
         headers.get("x-acemq-reason").and_then(|v| v.as_str()),

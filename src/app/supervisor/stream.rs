@@ -19,24 +19,39 @@ use crate::stream::{OffsetSpec, StreamClient, StreamOptions};
 /// The stream plugin's address and credentials for `config`: the host,
 /// user, password and virtual host of the first AMQP address, the port
 /// (and host, if set) of `streams`.
-pub(crate) fn stream_options(config: &Config, addresses: &[String], name: &str) -> Result<StreamOptions, String> {
-    let addr = addresses
-        .first()
-        .ok_or_else(|| "no broker address to take the stream plugin's host and credentials from".to_owned())?;
-    let url = url::Url::parse(addr).map_err(|e| format!("the broker address is not a URL ({e})"))?;
+pub(crate) fn stream_options(
+    config: &Config,
+    addresses: &[String],
+    name: &str,
+) -> Result<StreamOptions, String> {
+    let addr = addresses.first().ok_or_else(|| {
+        "no broker address to take the stream plugin's host and credentials from".to_owned()
+    })?;
+    let url =
+        url::Url::parse(addr).map_err(|e| format!("the broker address is not a URL ({e})"))?;
     if url.scheme() == "amqps" {
         return Err("streams over TLS are not supported: consume the stream over a plain connection (amqp://) on a trusted network, or consume an AMQP queue instead".to_owned());
     }
     let decode = |s: &str| {
         url::form_urlencoded::parse(s.as_bytes())
-            .map(|(k, v)| if v.is_empty() { k.into_owned() } else { format!("{k}={v}") })
+            .map(|(k, v)| {
+                if v.is_empty() {
+                    k.into_owned()
+                } else {
+                    format!("{k}={v}")
+                }
+            })
             .collect::<String>()
     };
     let vhost = match url.path() {
         "" | "/" => "/".to_owned(),
         p => decode(&p[1..]),
     };
-    let username = if url.username().is_empty() { "guest".to_owned() } else { decode(url.username()) };
+    let username = if url.username().is_empty() {
+        "guest".to_owned()
+    } else {
+        decode(url.username())
+    };
     let password = url.password().map_or_else(|| "guest".to_owned(), decode);
     let host = config
         .streams
@@ -84,7 +99,10 @@ pub(crate) async fn run_stream(shared: Arc<Shared>, index: usize) {
         let source = match opened {
             Ok(s) => s,
             Err(e) => {
-                parts.stats.down.store(true, std::sync::atomic::Ordering::Release);
+                parts
+                    .stats
+                    .down
+                    .store(true, std::sync::atomic::Ordering::Release);
                 redeclare = e.contains("does not exist");
                 let delay = backoff.next_delay();
                 warn!(queue = %q.name, "could not consume the stream: {e}; next attempt in {delay:.1?} (readiness is off)");
@@ -129,7 +147,10 @@ pub(crate) async fn run_stream(shared: Arc<Shared>, index: usize) {
             }
             _ => {}
         }
-        parts.stats.down.store(true, std::sync::atomic::Ordering::Release);
+        parts
+            .stats
+            .down
+            .store(true, std::sync::atomic::Ordering::Release);
         metrics::counter!("acemq.consumer.recoveries", "queue" => q.name.clone(), "cause" => "stream-lost").increment(1);
         if !sleep_or_stop(&shared, backoff.next_delay()).await {
             return;
@@ -143,7 +164,9 @@ async fn open(shared: &Shared, q: &QueueConfig, redeclare: bool) -> Result<Strea
         declare_again(shared, q).await?;
     }
     let opts = stream_options(&shared.config, &shared.addresses, &shared.name)?;
-    let (client, events) = StreamClient::connect(&opts).await.map_err(|e| e.to_string())?;
+    let (client, events) = StreamClient::connect(&opts)
+        .await
+        .map_err(|e| e.to_string())?;
     match subscribe_all(&client, q).await {
         Ok(partitions) => Ok(StreamSource {
             client,
@@ -163,7 +186,8 @@ async fn subscribe_all(client: &StreamClient, q: &QueueConfig) -> Result<Vec<Par
     let single = q.stream_single_active();
     let mut partitions = Vec::new();
     for (i, (stream, _)) in q.stream_partitions().into_iter().enumerate() {
-        let id = u8::try_from(i).map_err(|_| "more than 256 partitions in one consumer".to_owned())?;
+        let id =
+            u8::try_from(i).map_err(|_| "more than 256 partitions in one consumer".to_owned())?;
         let stored = client
             .query_offset(name, &stream)
             .await
@@ -189,7 +213,12 @@ async fn subscribe_all(client: &StreamClient, q: &QueueConfig) -> Result<Vec<Par
 
 /// Logs and counts what retention removed past the stored offset, where
 /// the broker tells what the stream still holds (RabbitMQ 3.11 and later).
-async fn skipped_by_retention(client: &StreamClient, q: &QueueConfig, stream: &str, stored: Option<u64>) {
+async fn skipped_by_retention(
+    client: &StreamClient,
+    q: &QueueConfig,
+    stream: &str,
+    stored: Option<u64>,
+) {
     let Some(stored) = stored else { return };
     let Ok(Some(stats)) = client.stream_stats(stream).await else {
         return;
