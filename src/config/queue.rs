@@ -46,6 +46,7 @@ pub enum PrefetchPolicy {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum QueueType {
     /// A classic queue. The default.
     #[default]
