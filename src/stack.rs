@@ -479,8 +479,10 @@ where
                 let limit = acemq_layers::RedeliveryLimitLayer::new(q.max_redeliveries);
                 // Only a quorum queue's broker counts redeliveries: on a
                 // classic queue the headers are whatever the publisher sent.
-                // A passive queue's type is not known here: read them.
-                if q.kind == crate::config::QueueType::Quorum || q.passive {
+                // A passive queue's type is not known here: read them. A
+                // stream's loop removes the publisher's and counts its own
+                // re-runs of a handed-back message there.
+                if q.kind == crate::config::QueueType::Quorum || q.passive || q.is_stream() {
                     limit
                 } else {
                     limit.without_counts()

@@ -34,12 +34,18 @@ pub(super) fn delivery_of(
         Some(acemq_layers::Value::String(s)) => String::from_utf8_lossy(s).into_owned(),
         _ => String::new(),
     };
+    // The broker counts no redelivery on a stream: what a publisher wrote
+    // there is not believed (the loop counts its own re-runs).
+    let mut headers = m.headers;
+    for name in acemq_layers::headers::REDELIVERY_COUNT_HEADERS {
+        headers.remove(name);
+    }
     let mut d = Delivery::received(Received {
         queue: queue.clone(),
         exchange,
         routing_key,
         body: m.body,
-        headers: m.headers,
+        headers,
         properties: m.properties,
         delivery_tag: tag,
         redelivered: false,
@@ -53,14 +59,21 @@ pub(super) fn delivery_of(
     d
 }
 
-/// The same message again, for a hand-back outside the drain.
-pub(super) fn redelivered(d: &Delivery, tag: u64, lifeline: &Lifeline) -> Delivery {
+/// The same message again, for a hand-back outside the drain: its
+/// `runs`-th time, counted in `x-delivery-count`, so the redelivery limit
+/// dead-letters one handed back more than `max_redeliveries` times.
+pub(super) fn redelivered(d: &Delivery, tag: u64, lifeline: &Lifeline, runs: u32) -> Delivery {
+    let mut headers = d.headers().clone();
+    headers.insert(
+        acemq_layers::headers::DELIVERY_COUNT_HEADER,
+        acemq_layers::Value::I64(i64::from(runs)),
+    );
     let mut again = Delivery::received(Received {
         queue: Arc::from(d.queue()),
         exchange: d.exchange().to_owned(),
         routing_key: d.routing_key().to_owned(),
         body: d.body().clone(),
-        headers: d.headers().clone(),
+        headers,
         properties: d.properties().clone(),
         delivery_tag: tag,
         redelivered: true,

@@ -72,6 +72,8 @@ struct Read {
     partition: usize,
     offset: u64,
     delivery: Delivery,
+    /// Times handed back and read again here.
+    reruns: u32,
 }
 
 struct State<'a> {
@@ -274,6 +276,7 @@ impl State<'_> {
                     partition: part,
                     offset: delivery_offset(&delivery),
                     delivery: delivery.clone(),
+                    reruns: 0,
                 },
             );
             self.buffer.push_back(delivery);
@@ -323,11 +326,13 @@ impl State<'_> {
             {
                 // A stream has no requeue: read it again here.
                 self.next_tag += 1;
-                let again = redelivered(&read.delivery, self.next_tag, self.lifeline);
+                let reruns = read.reruns.saturating_add(1);
+                let again = redelivered(&read.delivery, self.next_tag, self.lifeline, reruns);
                 self.read.insert(
                     self.next_tag,
                     Read {
                         delivery: again.clone(),
+                        reruns,
                         ..read
                     },
                 );

@@ -163,3 +163,79 @@ async fn stream_orders_are_handled_once_across_a_sigterm_and_failures_leave_the_
     // Nothing was appended back to the stream: 1,102 messages.
     broker.delete(&stream_queues(&s)).await;
 }
+
+/// A stream entry `s` for an in-process app: dead letters on, no retries.
+fn stream_config(s: &str) -> acemq::Config {
+    let mut q = acemq::config::QueueConfig::new(s);
+    q.kind = acemq::config::QueueType::Stream;
+    q.dead_letter = true;
+    q.prefetch = 50;
+    q.concurrency = 4;
+    q.max_redeliveries = 3;
+    let mut config = acemq::Config::new([q]);
+    config.streams.port = stream_port();
+    config.shutdown_timeout = Duration::from_secs(10);
+    config
+}
+
+#[tokio::test]
+async fn a_stream_message_handed_back_again_and_again_is_dead_lettered_as_redelivered_and_the_rest_go_on(
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let s = unique("stream-requeue");
+    let mut broker = Broker::new().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handled = Arc::new(AtomicUsize::new(0));
+    let (c, h) = (calls.clone(), handled.clone());
+    let running = crate::support::start_consuming(
+        stream_config(&s),
+        &s,
+        tower::service_fn(move |d: acemq::Delivery| {
+            let (c, h) = (c.clone(), h.clone());
+            async move {
+                if d.body().as_ref() == b"poison" {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    return Ok::<_, acemq::BoxError>(acemq::Verdict::Requeue);
+                }
+                h.fetch_add(1, Ordering::SeqCst);
+                Ok(acemq::Verdict::Ack)
+            }
+        }),
+    )
+    .await;
+    let mut bodies = vec![b"poison".to_vec()];
+    bodies.extend((0..20).map(|i| format!("ok-{i}").into_bytes()));
+    broker
+        .publish_many(&s, &bodies, BasicProperties::default())
+        .await;
+    assert!(
+        broker
+            .wait_ready(&format!("{s}.dlq"), 1, Duration::from_secs(15))
+            .await,
+        "the poison message never reached {s}.dlq"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            handled.load(Ordering::SeqCst) == 20
+        })
+        .await,
+        "the other 20 were handled: {}",
+        handled.load(Ordering::SeqCst)
+    );
+    // The first run and 3 re-runs; the fifth is dead-lettered unhandled.
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    let dead = broker
+        .get(&format!("{s}.dlq"))
+        .await
+        .expect("a dead letter");
+    let headers = message_headers(&dead.properties);
+    assert_eq!(
+        headers.get("x-acemq-reason").and_then(|v| v.as_str()),
+        Some("redelivered")
+    );
+    let report = running.drain().await.expect("a clean drain");
+    assert_eq!(report.lost(), 0);
+    broker.delete(&[s.clone(), format!("{s}.dlq")]).await;
+}
