@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::handshake;
-use super::io::{reader, writer};
+use super::io::{reader, writer, MAX_INCOMING_FRAME};
 use super::options::StreamOptions;
 use super::state::{Response, State};
 use crate::connection::CLOSE_BOUND;
@@ -86,7 +86,7 @@ impl StreamClient {
             read_half,
             state.clone(),
             events_tx,
-            opened.frame_max,
+            MAX_INCOMING_FRAME.max(opened.frame_max),
             opened.heartbeat,
         ));
         let write = tokio::spawn(writer(write_half, out_rx, state.clone(), opened.heartbeat));
