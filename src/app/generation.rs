@@ -47,7 +47,10 @@ pub(crate) struct StartCtx<'a> {
 /// and its work queue).
 pub(crate) type Starter = Arc<dyn Fn(StartCtx<'_>) -> LoopFuture + Send + Sync>;
 
-/// A generation's source of deliveries.
+/// A generation's source of deliveries. Made once per generation and
+/// moved once into its loop: the size of lapin's consumer costs nothing
+/// per delivery.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Source {
     /// A queue: a channel and the consumer on it.
     Queue {

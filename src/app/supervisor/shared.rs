@@ -114,6 +114,9 @@ pub(crate) async fn consume_on(
     Ok((consumer, tag))
 }
 
+/// A generation's loop task and the word it sends when it ends.
+pub(crate) type Spawned = (tokio::task::JoinHandle<()>, oneshot::Receiver<End>);
+
 /// A generation registered as its queue's live one, its loop spawned.
 pub(crate) type Installed = (tokio::task::JoinHandle<()>, oneshot::Receiver<End>, Channel);
 
@@ -149,7 +152,7 @@ impl Shared {
         source: Source,
         channel: Option<Channel>,
         tag: String,
-    ) -> Result<Option<(tokio::task::JoinHandle<()>, oneshot::Receiver<End>)>, String> {
+    ) -> Result<Option<Spawned>, String> {
         let q = &self.config.queues[index];
         let parts = &self.queues[index];
         let (tx, rx) = oneshot::channel();
