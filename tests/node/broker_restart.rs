@@ -24,15 +24,15 @@ const PREFETCH: u16 = 20;
 
 /// What the steady publisher got confirmed, and what it sent in all.
 #[derive(Default)]
-struct Published {
-    confirmed: Mutex<BTreeSet<u64>>,
-    sent: Mutex<u64>,
-    reconnects: Mutex<u32>,
+pub(crate) struct Published {
+    pub(crate) confirmed: Mutex<BTreeSet<u64>>,
+    pub(crate) sent: Mutex<u64>,
+    pub(crate) reconnects: Mutex<u32>,
 }
 
 /// Publishes `m-<n>` every 10 ms to `queue` on a connection of its own,
 /// awaiting each confirm; reconnects when the broker goes away.
-async fn steady_publisher(queue: String, out: Arc<Published>, stop: CancellationToken) {
+pub(crate) async fn steady_publisher(queue: String, out: Arc<Published>, stop: CancellationToken) {
     let mut n = 0u64;
     while !stop.is_cancelled() {
         let conn = match connect(&format!("acemq-node-test-{queue}-publisher")).await {

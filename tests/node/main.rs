@@ -31,4 +31,5 @@ mod frozen_shop;
 mod lost_in_drain;
 mod memory_alarm;
 mod quorum_timeout;
+mod stream_restart;
 mod timeout_strikes;

@@ -22,6 +22,8 @@ pub const NAME: &str = "acemq-fault";
 pub const NODE: &str = "acemq-fault@localhost";
 /// The node's AMQP port (distribution on 25690).
 pub const PORT: u16 = 5690;
+/// The node's stream port (`scripts/broker-node.sh`: PORT − 120).
+pub const STREAM_PORT: u16 = PORT - 120;
 /// What the node's `rabbitmq.conf` adds to the script's listener lines.
 /// `consumer_timeout` is checked by the broker about once a minute.
 pub const NODE_CONF: &str = "consumer_timeout = 5000\n";
@@ -90,6 +92,8 @@ impl Node {
         let t0 = Instant::now();
         let out = Command::new("bash")
             .arg(script())
+            // The stream plugin too (its port: STREAM_PORT).
+            .env("ACEMQ_NODE_PLUGINS", "rabbitmq_stream")
             .args(["up", NAME, &PORT.to_string()])
             .arg(&conf)
             .output()
