@@ -112,11 +112,14 @@ pub(crate) enum StreamCommand {
     /// For each stream of the config (each partition of a super stream):
     /// the consumer name, the offset stored under it (`none` when nothing
     /// is stored) and the lag where the broker can tell (RabbitMQ 3.11 and
-    /// later: at least the messages after the stored offset up to the first
-    /// message of the last committed chunk). Connects to the stream plugin
-    /// at the config's `streams` port (5552) with the broker address's host
-    /// and credentials. Exit 0, 65 when a stream is not on the broker, 69
-    /// when the stream plugin does not answer, 78 a config error.
+    /// later): the offsets after the stored one up to the stream's last
+    /// committed offset, the tracking entries offset stores write included
+    /// (a consumer that has read everything shows 1 or a few); `at least`
+    /// where the broker gives only the last committed chunk's first offset.
+    /// Connects to the stream plugin at the config's `streams` port (5552)
+    /// with the broker address's host and credentials. Exit 0, 65 when a
+    /// stream is not on the broker, 69 when the stream plugin does not
+    /// answer, 78 a config error.
     Offsets(ConfigArg),
 }
 

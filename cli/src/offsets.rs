@@ -28,11 +28,15 @@ struct Row {
     /// The offset stored under `consumer`: the last message the consumer
     /// settled; `null` when none is stored.
     stored_offset: Option<u64>,
-    /// Messages after the stored offset (or, with none stored and `offset:
-    /// first`, from the stream's first), counted up to the first message
-    /// of the last committed chunk: the lag is at least this.
-    lag_at_least: Option<u64>,
-    /// Why `lag_at_least` is `null`.
+    /// The lag in offsets: those after the stored offset (or, with none
+    /// stored and `offset: first`, from the stream's first) up to the
+    /// stream's last committed offset.
+    lag: Option<u64>,
+    /// True when the broker gives only the last committed chunk's first
+    /// offset (no `committed_offset`): the lag is then at least `lag`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag_is_lower_bound: Option<bool>,
+    /// Why `lag` is `null`.
     #[serde(skip_serializing_if = "Option::is_none")]
     lag_unknown: Option<String>,
     /// The first offset the stream still holds (RabbitMQ 3.11 and later).
@@ -42,21 +46,37 @@ struct Row {
     /// later).
     #[serde(skip_serializing_if = "Option::is_none")]
     committed_chunk_id: Option<i64>,
+    /// The last committed offset (brokers that give it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    committed_offset: Option<i64>,
 }
 
-/// The lag, at least: the messages still in the stream from the one the
-/// consumer reads next up to the first message of the last committed chunk
-/// (the chunk's other messages are not counted: the broker does not say
-/// how many it holds). The consumer reads next the message after `stored`
-/// or, with none stored, the stream's first when it starts at `first`;
-/// retention may have removed some of those, which are not counted.
-fn lag_at_least(
-    stats: &StreamStats,
-    stored: Option<u64>,
-    start: StreamOffset,
-) -> Result<u64, String> {
-    let Some(committed) = stats.committed_chunk_id else {
-        return Err("the broker's stream stats have no committed_chunk_id".to_owned());
+/// How far behind a consumer is, in offsets.
+#[derive(Debug, PartialEq, Eq)]
+struct Lag {
+    offsets: u64,
+    /// Counted only up to the last committed chunk's first offset.
+    lower_bound: bool,
+}
+
+/// A statistic by its name.
+fn stat(stats: &StreamStats, name: &str) -> Option<i64> {
+    stats.all.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+}
+
+/// The lag in offsets: from the one the consumer reads next to the
+/// stream's last committed offset (`committed_offset`; where the broker
+/// does not give it, the last committed chunk's first offset, and the lag
+/// is at least that). The consumer reads next the offset after `stored`,
+/// or with none stored the stream's first when it starts at `first`;
+/// offsets retention removed are not counted. Offsets count the stream's
+/// entries, the tracking entries offset stores write included: a consumer
+/// that has read everything shows 1 (its own last store) or a few.
+fn lag(stats: &StreamStats, stored: Option<u64>, start: StreamOffset) -> Result<Lag, String> {
+    let (end, lower_bound) = match (stat(stats, "committed_offset"), stats.committed_chunk_id) {
+        (Some(offset), _) => (offset, false),
+        (None, Some(chunk)) => (chunk, true),
+        (None, None) => return Err("the broker's stream stats give no committed offset".to_owned()),
     };
     let first = stats.first_offset.map_or(0, |f| f.max(0).unsigned_abs());
     let next = match (stored, start) {
@@ -72,15 +92,16 @@ fn lag_at_least(
             return Err("nothing stored, and the consumer starts at a timestamp".to_owned())
         }
     };
-    let Ok(committed) = u64::try_from(committed) else {
-        // -1: the stream holds no message yet.
-        return Ok(0);
-    };
+    // -1: the stream holds nothing yet.
+    let end = u64::try_from(end).ok();
     let next = next.max(first);
-    Ok(if committed >= next {
-        committed - next + 1
-    } else {
-        0
+    let offsets = match end {
+        Some(end) if end >= next => end - next + 1,
+        _ => 0,
+    };
+    Ok(Lag {
+        offsets,
+        lower_bound,
     })
 }
 
@@ -124,10 +145,12 @@ async fn read_all(client: &StreamClient, streams: &[&QueueConfig]) -> Result<Vec
                 consumer: consumer.to_owned(),
                 exists: false,
                 stored_offset: None,
-                lag_at_least: None,
+                lag: None,
+                lag_is_lower_bound: None,
                 lag_unknown: None,
                 first_offset: None,
                 committed_chunk_id: None,
+                committed_offset: None,
             };
             let missing = metadata
                 .iter()
@@ -147,8 +170,12 @@ async fn read_all(client: &StreamClient, streams: &[&QueueConfig]) -> Result<Vec
                 Ok(Some(stats)) => {
                     row.first_offset = stats.first_offset;
                     row.committed_chunk_id = stats.committed_chunk_id;
-                    match lag_at_least(&stats, row.stored_offset, q.offset.unwrap_or_default()) {
-                        Ok(n) => row.lag_at_least = Some(n),
+                    row.committed_offset = stat(&stats, "committed_offset");
+                    match lag(&stats, row.stored_offset, q.offset.unwrap_or_default()) {
+                        Ok(lag) => {
+                            row.lag = Some(lag.offsets);
+                            row.lag_is_lower_bound = Some(lag.lower_bound);
+                        }
                         Err(why) => row.lag_unknown = Some(why),
                     }
                 }
@@ -276,8 +303,9 @@ fn print_table(rows: &[Row]) {
         let stored = r
             .stored_offset
             .map_or_else(|| "none".to_owned(), |o| o.to_string());
-        let lag = match (&r.lag_at_least, &r.lag_unknown) {
-            (Some(n), _) => format!("at least {n}"),
+        let lag = match (&r.lag, &r.lag_unknown) {
+            (Some(n), _) if r.lag_is_lower_bound == Some(true) => format!("at least {n}"),
+            (Some(n), _) => n.to_string(),
             (None, Some(why)) => format!("unknown ({})", escape(why)),
             (None, None) => "unknown".to_owned(),
         };
@@ -299,39 +327,47 @@ mod tests {
         s
     }
 
+    fn at(n: u64) -> Result<Lag, String> {
+        Ok(Lag {
+            offsets: n,
+            lower_bound: false,
+        })
+    }
+
     #[test]
-    fn the_lag_counts_what_follows_the_stored_offset_up_to_the_last_chunk() {
-        // Stored 99; the last committed chunk starts at 150: 100..=150.
-        assert_eq!(
-            lag_at_least(&stats(0, 150), Some(99), StreamOffset::First),
-            Ok(51)
-        );
-        // The stored offset is in the last chunk: nothing before it is left.
-        assert_eq!(
-            lag_at_least(&stats(0, 150), Some(150), StreamOffset::First),
-            Ok(0)
-        );
-        assert_eq!(
-            lag_at_least(&stats(0, 150), Some(170), StreamOffset::First),
-            Ok(0)
-        );
-        // Nothing stored, starting at first: the whole stream up to the chunk.
-        assert_eq!(
-            lag_at_least(&stats(40, 150), None, StreamOffset::First),
-            Ok(111)
-        );
+    fn the_lag_counts_the_offsets_after_the_stored_one() {
+        let mut s = stats(0, 150);
+        s.all.push(("committed_offset".to_owned(), 160));
+        // Stored 99, the last committed offset 160: 100..=160.
+        assert_eq!(lag(&s, Some(99), StreamOffset::First), at(61));
+        assert_eq!(lag(&s, Some(160), StreamOffset::First), at(0));
+        assert_eq!(lag(&s, Some(170), StreamOffset::First), at(0));
+        // Nothing stored, starting at first: the whole stream.
+        s.first_offset = Some(40);
+        assert_eq!(lag(&s, None, StreamOffset::First), at(121));
         // Retention removed 100..=119: not counted.
-        assert_eq!(
-            lag_at_least(&stats(120, 150), Some(99), StreamOffset::First),
-            Ok(31)
-        );
+        s.first_offset = Some(120);
+        assert_eq!(lag(&s, Some(99), StreamOffset::First), at(41));
+        assert!(lag(&s, None, StreamOffset::Next).is_err());
+        assert!(lag(&s, None, StreamOffset::Last).is_err());
         // An empty stream.
+        let mut empty = stats(-1, -1);
+        empty.all.push(("committed_offset".to_owned(), -1));
+        assert_eq!(lag(&empty, None, StreamOffset::First), at(0));
+        assert_eq!(lag(&empty, Some(41), StreamOffset::First), at(0));
+        assert!(lag(&StreamStats::default(), Some(1), StreamOffset::First).is_err());
+    }
+
+    #[test]
+    fn without_the_committed_offset_the_lag_is_a_lower_bound() {
+        // Only the last chunk's first offset, 150: at least 100..=150.
         assert_eq!(
-            lag_at_least(&stats(0, -1), None, StreamOffset::First),
-            Ok(0)
+            lag(&stats(0, 150), Some(99), StreamOffset::First),
+            Ok(Lag {
+                offsets: 51,
+                lower_bound: true
+            })
         );
-        assert!(lag_at_least(&stats(0, 150), None, StreamOffset::Next).is_err());
-        assert!(lag_at_least(&StreamStats::default(), Some(1), StreamOffset::First).is_err());
     }
 
     #[test]

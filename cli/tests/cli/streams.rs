@@ -157,7 +157,7 @@ async fn offsets_show_none_then_what_was_stored_and_the_json_has_every_partition
     let version = v["broker_version"].as_str().unwrap_or_default();
     if version.starts_with("3.10.") {
         // No stream stats before 3.11: the lag is unknown, and says why.
-        assert!(rows[0]["lag_at_least"].is_null(), "{json}");
+        assert!(rows[0]["lag"].is_null(), "{json}");
         assert_eq!(
             rows[0]["lag_unknown"], "RabbitMQ 3.10 has no stream stats",
             "{json}"
@@ -169,11 +169,33 @@ async fn offsets_show_none_then_what_was_stored_and_the_json_has_every_partition
             "{after}"
         );
     } else {
-        // 3.11 and later: offsets 7..=9 follow the stored 6 (all in the
-        // last chunk at most, so at least 0 are counted).
-        assert!(rows[0]["lag_at_least"].is_u64(), "{json}");
-        assert!(rows[0]["committed_chunk_id"].is_i64(), "{json}");
-        assert!(after.stdout.contains("at least "), "{after}");
+        // 3.11 and later: offsets 7..=9 follow the stored 6, and the
+        // store itself took offset 10 (a tracking entry).
+        let row = &rows[0];
+        assert!(row["lag_unknown"].is_null(), "{json}");
+        match row["committed_offset"].as_i64() {
+            Some(end) => {
+                assert_eq!(end, 10, "{json}");
+                assert_eq!(row["lag"], 4, "{json}");
+                assert_eq!(row["lag_is_lower_bound"], false, "{json}");
+                assert!(
+                    after
+                        .stdout
+                        .lines()
+                        .any(|l| l.starts_with(&s) && l.ends_with(" 4")),
+                    "{after}"
+                );
+            }
+            None => {
+                let chunk = row["committed_chunk_id"].as_i64().expect("stats");
+                assert_eq!(row["lag"], (chunk - 6).max(0), "{json}");
+                assert_eq!(row["lag_is_lower_bound"], true, "{json}");
+            }
+        }
+        // An empty partition with nothing stored, and one holding only the
+        // store's tracking entry: nothing to read.
+        assert_eq!(rows[1]["lag"], 0, "{json}");
+        assert_eq!(rows[2]["lag"], 0, "{json}");
     }
 }
 
