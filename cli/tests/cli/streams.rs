@@ -389,6 +389,30 @@ async fn plan_and_apply_cover_a_stream_and_a_super_stream() {
         twice.stdout.contains("0 created, 8 already there"),
         "{twice}"
     );
+
+    // `queues` shows the super stream's partitions under it, the work
+    // queue with the rungs, and nothing missing.
+    let queues = acemq(&["queues", "--strict", "--config", config.path()]).await;
+    assert_eq!(queues.code, Some(0), "{queues}");
+    assert!(
+        queues.stdout.contains("7 queues on amqp://guest:***@"),
+        "{queues}"
+    );
+    assert!(queues.stdout.contains(", 0 missing"), "{queues}");
+    for line in [format!("  {sup}-1 "), format!("  {s}.work ")] {
+        assert!(queues.stdout.contains(&line), "{line:?} in\n{queues}");
+    }
+    let json = acemq(&["queues", "--json", "--config", config.path()]).await;
+    let v = json.json();
+    assert_eq!(v["missing"], 0, "{json}");
+    assert_eq!(v["queues"][0]["work_queue"]["name"], format!("{s}.work"));
+    assert_eq!(
+        v["queues"][0]["retry_rungs"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert_eq!(v["queues"][1]["name"], sup.as_str(), "{json}");
+    assert_eq!(v["queues"][1]["exists"], true, "{json}");
+    assert_eq!(v["queues"][1]["partitions"][1]["name"], format!("{sup}-1"));
 }
 
 #[tokio::test]
