@@ -98,8 +98,8 @@ pub(crate) enum DocFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum TopologyCommand {
     /// List what the broker lacks or holds differently from the config
-    /// (queues and their arguments, dead-letter queues, retry rungs,
-    /// exchanges), creating nothing. Exit 0 when they agree, 1 when not.
+    /// (queues and their arguments, streams and super streams' partitions,
+    /// dead-letter queues, retry rungs, exchanges), creating nothing. Exit 0 when they agree, 1 when not.
     Plan(ConfigArg),
     /// Declare what the broker lacks; refuse (exit 78, nothing changed) when
     /// a queue or exchange exists with other arguments.
@@ -109,6 +109,8 @@ pub(crate) enum TopologyCommand {
 /// `acemq stream ...`
 #[derive(Debug, Subcommand)]
 pub(crate) enum StreamCommand {
+    /// Each stream's stored offset and lag, partition by partition.
+    ///
     /// For each stream of the config (each partition of a super stream):
     /// the consumer name, the offset stored under it (`none` when nothing
     /// is stored) and the lag where the broker can tell (RabbitMQ 3.11 and
