@@ -348,5 +348,18 @@ mod tests {
         assert_eq!(role_of(&config, "q"), Role::Queue);
         assert_eq!(role_of(&config, "q.dlq"), Role::DeadLetterQueue);
         assert_eq!(role_of(&config, "q.retry.2s"), Role::RetryRung);
+        let streams = Config::from_yaml_str(
+            "queues:\n  - name: s\n    type: stream\n    dead_letter: true\n    retries: { \
+             max_attempts: 3, initial_delay: 1, max_delay: 2, broker_wait_threshold: 1 }\n  \
+             - name: sup\n    type: stream\n    partitions: 2\n",
+        )
+        .unwrap();
+        assert_eq!(role_of(&streams, "s"), Role::Stream);
+        assert_eq!(role_of(&streams, "sup-1"), Role::Stream);
+        assert_eq!(role_of(&streams, "s.work"), Role::WorkQueue);
+        assert_eq!(role_of(&streams, "s.dlq"), Role::DeadLetterQueue);
+        assert_eq!(role_of(&streams, "s.retry.1s"), Role::RetryRung);
+        assert_eq!(Role::Stream.noun(), "stream");
+        assert!(Role::WorkQueue.is_queue() && !Role::Binding.is_queue());
     }
 }
