@@ -11,14 +11,15 @@ const REASONS: &str =
      malformed-headers";
 
 /// acemq's operator command: the topology a config names, queue depths, dead
-/// letters, and a message published by hand.
+/// letters, streams' stored offsets, and a message published by hand.
 ///
 /// Exit codes: 0 ok, 1 `topology plan` found differences (or `queues
 /// --strict` a missing queue), 64 usage, 65 a queue or exchange named on the
-/// command line is not there (or `publish` found nothing to route to), 69
-/// broker unavailable, 75 `publish` was nacked by the broker, 78 config
-/// error (or a broker queue that contradicts the config, or a `schema:`
-/// file `asyncapi` cannot read).
+/// command line is not there (or `publish` found nothing to route to, or a
+/// stream of the config is not on the broker), 69 broker (or stream plugin)
+/// unavailable, 75 `publish` was nacked by the broker, 78 config error (or a
+/// broker queue that contradicts the config, or a `schema:` file `asyncapi`
+/// cannot read).
 #[derive(Debug, Parser)]
 #[command(name = "acemq", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -54,6 +55,9 @@ pub(crate) enum Command {
     /// Publish one message to a queue or to an exchange, mandatory, and
     /// wait for the broker's confirm.
     Publish(Box<PublishArgs>),
+    /// The config's streams, over the stream plugin: stored offsets and lag.
+    #[command(subcommand)]
+    Stream(StreamCommand),
     /// Write the config's AsyncAPI 3.0 document (AMQP 0.9.1 bindings): its
     /// queues, retry rungs, dead-letter queues and exchanges as channels,
     /// what the service consumes and publishes, the headers acemq sets, and
@@ -94,12 +98,31 @@ pub(crate) enum DocFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum TopologyCommand {
     /// List what the broker lacks or holds differently from the config
-    /// (queues and their arguments, dead-letter queues, retry rungs,
-    /// exchanges), creating nothing. Exit 0 when they agree, 1 when not.
+    /// (queues and their arguments, streams and super streams' partitions,
+    /// dead-letter queues, retry rungs, exchanges), creating nothing. Exit 0 when they agree, 1 when not.
     Plan(ConfigArg),
     /// Declare what the broker lacks; refuse (exit 78, nothing changed) when
     /// a queue or exchange exists with other arguments.
     Apply(ConfigArg),
+}
+
+/// `acemq stream ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum StreamCommand {
+    /// Each stream's stored offset and lag, partition by partition.
+    ///
+    /// For each stream of the config (each partition of a super stream):
+    /// the consumer name, the offset stored under it (`none` when nothing
+    /// is stored) and the lag where the broker can tell (RabbitMQ 3.11 and
+    /// later): the offsets after the stored one up to the stream's last
+    /// committed offset, the tracking entries offset stores write included
+    /// (a consumer that has read everything shows 1 or a few); `at least`
+    /// where the broker gives only the last committed chunk's first offset.
+    /// Connects to the stream plugin at the config's `streams` port (5552)
+    /// with the broker address's host and credentials. Exit 0, 65 when a
+    /// stream is not on the broker, 69 when the stream plugin does not
+    /// answer, 78 a config error.
+    Offsets(ConfigArg),
 }
 
 /// The config file every topology verb reads.

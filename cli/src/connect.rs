@@ -64,10 +64,16 @@ impl Target {
         })
     }
 
+    /// The resolved addresses, in order (with their passwords: never print
+    /// them unredacted).
+    pub(crate) fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
     /// Connects to the first address that answers; returns the connection
     /// and the address that answered, password hidden.
     pub(crate) async fn connect(&self, verb: &str) -> Result<(Connection, String), Failure> {
-        let name = format!("acemq {verb} ({}:{})", hostname(), std::process::id());
+        let name = connection_name(verb);
         match connect_any(&self.addresses, &name, self.timeout, &self.options).await {
             Ok(connected) => Ok((connected.connection, connected.address)),
             Err(e) => Err(connect_failure(e)),
@@ -106,6 +112,12 @@ fn connect_failure(e: ConnectError) -> Failure {
     } else {
         Failure::unavailable(message)
     }
+}
+
+/// The name a connection of `verb` shows in the management UI:
+/// `acemq VERB (host:pid)`.
+pub(crate) fn connection_name(verb: &str) -> String {
+    format!("acemq {verb} ({}:{})", hostname(), std::process::id())
 }
 
 fn hostname() -> String {

@@ -1,7 +1,7 @@
 //! `acemq`, the operator command for acemq: plan and apply the topology a
 //! config names, show queue depths, peek at and replay dead letters, publish
-//! a message, write the config's AsyncAPI document. See the crate's README
-//! for each verb and its exit codes.
+//! a message, show streams' stored offsets, write the config's AsyncAPI
+//! document. See the crate's README for each verb and its exit codes.
 
 use std::process::ExitCode;
 
@@ -12,6 +12,7 @@ mod asyncapi;
 mod cli;
 mod connect;
 mod exit;
+mod offsets;
 mod output;
 mod peek;
 mod probe;
@@ -20,7 +21,7 @@ mod queues;
 mod replay;
 mod topology;
 
-use cli::{Cli, Command, DlqCommand, TopologyCommand};
+use cli::{Cli, Command, DlqCommand, StreamCommand, TopologyCommand};
 use exit::{Exit, Failure};
 
 async fn run(cli: Cli) -> Result<Exit, Failure> {
@@ -35,6 +36,7 @@ async fn run(cli: Cli) -> Result<Exit, Failure> {
         Command::Dlq(DlqCommand::Peek(a)) => peek::peek(a, addr, json).await,
         Command::Dlq(DlqCommand::Replay(a)) => replay::replay(a, addr, json).await,
         Command::Publish(a) => publish::publish(a, addr, json).await,
+        Command::Stream(StreamCommand::Offsets(a)) => offsets::offsets(&a.config, addr, json).await,
         Command::Asyncapi(a) => asyncapi::asyncapi(a, json),
     }
 }

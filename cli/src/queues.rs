@@ -29,18 +29,55 @@ struct Depth {
 /// A configured queue with what acemq declares for it.
 #[derive(Debug, Serialize)]
 struct Row {
+    /// The queue; for a super stream, the sums of its partitions (it is no
+    /// queue itself: it exists when every partition does).
     #[serde(flatten)]
     queue: Depth,
+    /// A super stream's partitions, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    partitions: Vec<Depth>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dead_letter_queue: Option<Depth>,
     retry_rungs: Vec<Depth>,
+    /// A stream's work queue, where its rungs lead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    work_queue: Option<Depth>,
 }
 
 impl Row {
+    /// Every queue of the row: a super stream's partitions, not its sums.
     fn all(&self) -> impl Iterator<Item = &Depth> {
-        std::iter::once(&self.queue)
+        self.partitions
+            .is_empty()
+            .then_some(&self.queue)
+            .into_iter()
+            .chain(self.below())
+    }
+
+    /// What is shown indented below the row's first line.
+    fn below(&self) -> impl Iterator<Item = &Depth> {
+        self.partitions
+            .iter()
             .chain(self.dead_letter_queue.iter())
             .chain(self.retry_rungs.iter())
+            .chain(self.work_queue.iter())
+    }
+}
+
+/// A super stream's line: its partitions' sums, there when all are.
+fn sums(name: &str, partitions: &[Depth]) -> Depth {
+    let exists = partitions.iter().all(|d| d.exists);
+    let sum = |f: fn(&Depth) -> Option<u32>| -> Option<u32> {
+        partitions
+            .iter()
+            .map(f)
+            .try_fold(0u32, |acc, n| n.map(|n| acc.saturating_add(n)))
+    };
+    Depth {
+        name: name.to_owned(),
+        exists,
+        ready: if exists { sum(|d| d.ready) } else { None },
+        consumers: if exists { sum(|d| d.consumers) } else { None },
     }
 }
 
@@ -91,10 +128,18 @@ pub(crate) async fn queues(
                 ready: None,
                 consumers: None,
             },
+            partitions: Vec::new(),
             dead_letter_queue: None,
             retry_rungs: Vec::new(),
+            work_queue: None,
         };
         let dlq = q.dead_letter.then(|| q.dlq_name());
+        let work = q.work_queue_name();
+        let partitions: Vec<String> = if q.is_super_stream() {
+            q.stream_partitions().into_iter().map(|(n, _)| n).collect()
+        } else {
+            Vec::new()
+        };
         for d in Topology::for_queue(q) {
             let found = match depth(&mut prober, &d.name).await {
                 Ok(found) => found,
@@ -105,11 +150,18 @@ pub(crate) async fn queues(
             };
             if d.name == q.name {
                 row.queue = found;
+            } else if partitions.contains(&d.name) {
+                row.partitions.push(found);
             } else if Some(&d.name) == dlq.as_ref() {
                 row.dead_letter_queue = Some(found);
+            } else if Some(&d.name) == work.as_ref() {
+                row.work_queue = Some(found);
             } else {
                 row.retry_rungs.push(found);
             }
+        }
+        if !row.partitions.is_empty() {
+            row.queue = sums(&q.name, &row.partitions);
         }
         rows.push(row);
     }
@@ -148,19 +200,16 @@ pub(crate) async fn queues(
 fn print_table(rows: &[Row]) {
     let width = rows
         .iter()
-        .flat_map(Row::all)
+        .flat_map(|r| std::iter::once(&r.queue).chain(r.below()))
         .map(|d| d.name.len() + 2)
         .max()
         .unwrap_or(0)
         .max("QUEUE".len());
     println!("{:<width$}  {:>7}  {:>9}", "QUEUE", "READY", "CONSUMERS");
     for row in rows {
-        for (i, d) in row.all().enumerate() {
-            let name = if i == 0 {
-                d.name.clone()
-            } else {
-                format!("  {}", d.name)
-            };
+        let first = std::iter::once((&row.queue, String::new()));
+        for (d, indent) in first.chain(row.below().map(|d| (d, "  ".to_owned()))) {
+            let name = format!("{indent}{}", d.name);
             match (d.exists, d.ready, d.consumers) {
                 (true, Some(ready), Some(consumers)) => {
                     println!("{name:<width$}  {ready:>7}  {consumers:>9}")

@@ -19,5 +19,7 @@ mod errors;
 mod publish;
 #[path = "cli/queues.rs"]
 mod queues;
+#[path = "cli/streams.rs"]
+mod streams;
 #[path = "cli/topology.rs"]
 mod topology;

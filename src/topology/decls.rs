@@ -167,7 +167,8 @@ impl Topology {
         for q in &config.queues {
             decls.extend(Self::for_queue(q));
             bindings.extend(Self::bindings_of(q));
-            if q.is_super_stream() {
+            // A passive super stream's exchange is declared elsewhere too.
+            if q.is_super_stream() && !q.passive {
                 topology_exchanges.push(ExchangeDecl {
                     name: q.name.clone(),
                     kind: ExchangeKind::Direct,
@@ -369,4 +370,28 @@ fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)>
         args.push(("x-overflow", str_arg("reject-publish")));
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<String> {
+        items.iter().map(|i| name(i).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_super_stream_declares_its_exchange_and_bindings_unless_passive() {
+        let yaml = "queues:\n  - name: s\n    type: stream\n    partitions: 2\n";
+        let t = Topology::from_config(&Config::from_yaml_str(yaml).unwrap());
+        assert_eq!(names(t.exchanges(), |x| &x.name), ["s"]);
+        assert_eq!(names(t.decls(), |d| &d.name), ["s-0", "s-1"]);
+        assert_eq!(names(t.bindings(), |b| &b.routing_key), ["0", "1"]);
+
+        let passive = Config::from_yaml_str(&format!("{yaml}    passive: true\n")).unwrap();
+        let t = Topology::from_config(&passive);
+        assert!(t.exchanges().is_empty(), "declared elsewhere");
+        assert!(t.bindings().is_empty());
+        assert!(t.decls().iter().all(|d| d.passive));
+    }
 }

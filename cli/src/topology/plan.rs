@@ -17,6 +17,10 @@ pub(crate) enum Role {
     Queue,
     DeadLetterQueue,
     RetryRung,
+    /// A stream, or one partition of a super stream.
+    Stream,
+    /// A stream's work queue (`{stream}.work`), where its rungs lead.
+    WorkQueue,
     Exchange,
     Binding,
 }
@@ -24,10 +28,16 @@ pub(crate) enum Role {
 impl Role {
     pub(crate) fn noun(self) -> &'static str {
         match self {
-            Role::Queue | Role::DeadLetterQueue | Role::RetryRung => "queue",
+            Role::Queue | Role::DeadLetterQueue | Role::RetryRung | Role::WorkQueue => "queue",
+            Role::Stream => "stream",
             Role::Exchange => "exchange",
             Role::Binding => "binding",
         }
+    }
+
+    /// Whether the item is a queue of any kind (a stream included).
+    pub(crate) fn is_queue(self) -> bool {
+        !matches!(self, Role::Exchange | Role::Binding)
     }
 }
 
@@ -173,6 +183,12 @@ fn binding_name(b: &BindingDecl) -> String {
 /// The role of each queue declaration, from the config that produced it.
 fn role_of(config: &Config, queue: &str) -> Role {
     for q in &config.queues {
+        if q.is_stream() && q.stream_partitions().iter().any(|(name, _)| name == queue) {
+            return Role::Stream;
+        }
+        if q.work_queue_name().as_deref() == Some(queue) {
+            return Role::WorkQueue;
+        }
         if q.name == queue {
             return Role::Queue;
         }
@@ -237,12 +253,12 @@ pub(crate) async fn probe_all(
         items.push(item);
     }
     for b in topology.bindings() {
-        let missing = |role: Role, name: &str| {
-            items.iter().any(|i| {
-                i.role.noun() == role.noun() && i.name == name && i.state == State::Missing
-            })
+        let missing = |queue: bool, name: &str| {
+            items
+                .iter()
+                .any(|i| i.role.is_queue() == queue && i.name == name && i.state == State::Missing)
         };
-        let state = if missing(Role::Queue, &b.queue) || missing(Role::Exchange, &b.exchange) {
+        let state = if missing(true, &b.queue) || missing(false, &b.exchange) {
             State::Missing
         } else {
             State::NotRead
@@ -332,5 +348,18 @@ mod tests {
         assert_eq!(role_of(&config, "q"), Role::Queue);
         assert_eq!(role_of(&config, "q.dlq"), Role::DeadLetterQueue);
         assert_eq!(role_of(&config, "q.retry.2s"), Role::RetryRung);
+        let streams = Config::from_yaml_str(
+            "queues:\n  - name: s\n    type: stream\n    dead_letter: true\n    retries: { \
+             max_attempts: 3, initial_delay: 1, max_delay: 2, broker_wait_threshold: 1 }\n  \
+             - name: sup\n    type: stream\n    partitions: 2\n",
+        )
+        .unwrap();
+        assert_eq!(role_of(&streams, "s"), Role::Stream);
+        assert_eq!(role_of(&streams, "sup-1"), Role::Stream);
+        assert_eq!(role_of(&streams, "s.work"), Role::WorkQueue);
+        assert_eq!(role_of(&streams, "s.dlq"), Role::DeadLetterQueue);
+        assert_eq!(role_of(&streams, "s.retry.1s"), Role::RetryRung);
+        assert_eq!(Role::Stream.noun(), "stream");
+        assert!(Role::WorkQueue.is_queue() && !Role::Binding.is_queue());
     }
 }

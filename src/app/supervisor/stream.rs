@@ -4,7 +4,7 @@
 //! and after the stream was deleted it declares it again first.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{info, warn};
 
@@ -24,51 +24,7 @@ pub(crate) fn stream_options(
     addresses: &[String],
     name: &str,
 ) -> Result<StreamOptions, String> {
-    let addr = addresses.first().ok_or_else(|| {
-        "no broker address to take the stream plugin's host and credentials from".to_owned()
-    })?;
-    let url =
-        url::Url::parse(addr).map_err(|e| format!("the broker address is not a URL ({e})"))?;
-    if url.scheme() == "amqps" {
-        return Err("streams over TLS are not supported: consume the stream over a plain connection (amqp://) on a trusted network, or consume an AMQP queue instead".to_owned());
-    }
-    let decode = |s: &str| {
-        url::form_urlencoded::parse(s.as_bytes())
-            .map(|(k, v)| {
-                if v.is_empty() {
-                    k.into_owned()
-                } else {
-                    format!("{k}={v}")
-                }
-            })
-            .collect::<String>()
-    };
-    let vhost = match url.path() {
-        "" | "/" => "/".to_owned(),
-        p => decode(&p[1..]),
-    };
-    let username = if url.username().is_empty() {
-        "guest".to_owned()
-    } else {
-        decode(url.username())
-    };
-    let password = url.password().map_or_else(|| "guest".to_owned(), decode);
-    let host = config
-        .streams
-        .advertised_host
-        .clone()
-        .or_else(|| url.host_str().map(str::to_owned))
-        .unwrap_or_else(|| "localhost".to_owned());
-    Ok(StreamOptions {
-        host,
-        port: config.streams.port,
-        username,
-        password,
-        vhost,
-        connection_name: format!("{name}{}", "-streams"),
-        connect_timeout: config.connect_timeout,
-        heartbeat: config.heartbeat.unwrap_or(Duration::from_secs(60)),
-    })
+    StreamOptions::from_config(config, addresses, name)
 }
 
 /// Where a partition with nothing stored starts.
