@@ -9,4 +9,6 @@ mod options;
 mod state;
 
 pub use conn::{StreamClient, REQUEST_TIMEOUT};
+#[cfg(test)]
+pub(crate) use io::read_frame;
 pub use options::StreamOptions;
