@@ -375,3 +375,141 @@ async fn stream_offset_specs_first_last_next_offset_and_timestamp() {
     client.close().await.expect("close");
     broker.delete(&[s]).await;
 }
+
+#[tokio::test]
+async fn stream_amqp_091_properties_and_header_types_come_back() {
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-props").await;
+    let mut headers = FieldTable::default();
+    headers.insert("x-custom".into(), long_str("xv"));
+    headers.insert("plain".into(), long_str("pv"));
+    headers.insert("ts".into(), AMQPValue::Timestamp(1_700_000_000));
+    headers.insert("b".into(), AMQPValue::Boolean(true));
+    headers.insert("f".into(), AMQPValue::Double(2.5));
+    let props = BasicProperties::default()
+        .with_headers(headers)
+        .with_message_id("mid".into())
+        .with_correlation_id("cid".into())
+        .with_reply_to("rt".into())
+        .with_content_type("ct".into())
+        .with_content_encoding("ce".into())
+        .with_type("kind".into())
+        .with_app_id("app".into())
+        .with_user_id("guest".into())
+        .with_expiration("60000".into())
+        .with_priority(3)
+        .with_delivery_mode(2)
+        .with_timestamp(1_700_000_001);
+    broker.publish_props(&s, b"props", props).await;
+    let (client, mut events) = connect().await;
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+    let m = &c.messages[0];
+    assert_eq!(m.malformed, None);
+    assert_eq!(&m.body[..], b"props");
+    let p = &m.properties;
+    assert_eq!(p.message_id.as_deref(), Some("mid"));
+    assert_eq!(p.correlation_id.as_deref(), Some("cid"));
+    assert_eq!(p.reply_to.as_deref(), Some("rt"));
+    assert_eq!(p.content_type.as_deref(), Some("ct"));
+    assert_eq!(p.content_encoding.as_deref(), Some("ce"));
+    assert_eq!(p.kind.as_deref(), Some("kind"));
+    assert_eq!(p.app_id.as_deref(), Some("app"));
+    assert_eq!(p.user_id.as_deref(), Some("guest"));
+    assert_eq!(p.expiration.as_deref(), Some("60000"));
+    assert_eq!(p.priority, Some(3));
+    assert_eq!(p.delivery_mode, Some(2));
+    assert_eq!(p.timestamp, Some(1_700_000_001));
+    let h = &m.headers;
+    assert_eq!(h.get("x-custom").and_then(Value::as_str), Some("xv"));
+    assert_eq!(h.get("plain").and_then(Value::as_str), Some("pv"));
+    assert_eq!(h.get("ts"), Some(&Value::Timestamp(1_700_000_000)));
+    assert_eq!(h.get("b"), Some(&Value::Bool(true)));
+    assert_eq!(h.get("f"), Some(&Value::F64(2.5)));
+    assert!(
+        h.iter().all(|(k, _)| !k.starts_with("x-basic-")),
+        "x-basic-* annotations are properties: {h:?}"
+    );
+    client.close().await.expect("close");
+    broker.delete(&[s]).await;
+}
+
+#[tokio::test]
+async fn stream_partitions_need_3_11_and_stats_are_none_before_it() {
+    let (client, _events) = connect().await;
+    let version = client
+        .server_version()
+        .expect("the broker says its version")
+        .to_string();
+    let old = version.starts_with("3.10.") || version.starts_with("3.9.");
+    let missing = unique("stream-super");
+    let partitions = client.partitions(&missing).await;
+    let stats = client.stream_stats(&missing).await;
+    if old {
+        assert!(
+            matches!(&partitions, Err(StreamError::Unsupported { .. })),
+            "{partitions:?}"
+        );
+        assert!(matches!(stats, Ok(None)), "{stats:?}");
+    } else {
+        assert!(partitions.is_err(), "{partitions:?}");
+        assert!(
+            matches!(stats, Err(StreamError::StreamDoesNotExist { .. })),
+            "{stats:?}"
+        );
+    }
+    client.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn stream_chunks_over_the_frame_max_are_read_up_to_max_chunk_bytes() {
+    // RabbitMQ sends a chunk whole, over the negotiated frame_max (1 MiB).
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-big").await;
+    let big = vec![7u8; 2 * 1024 * 1024];
+    broker
+        .publish_props(&s, &big, BasicProperties::default())
+        .await;
+    let (client, mut events) = connect().await;
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let c = next_chunk(&mut events, WITHIN)
+        .await
+        .expect("the big chunk");
+    assert_eq!(c.messages[0].body.len(), big.len());
+    client.close().await.expect("close");
+
+    let small = StreamOptions {
+        max_chunk_bytes: 1024 * 1024,
+        ..options()
+    };
+    let (client, mut events) = StreamClient::connect(&small).await.expect("connect");
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let end = tokio::time::Instant::now() + WITHIN;
+    let closed = loop {
+        match tokio::time::timeout_at(end, events.recv()).await {
+            Ok(Some(StreamEvent::Closed(e))) => break e,
+            Ok(Some(other)) => panic!("{other:?} before the close"),
+            Ok(None) => panic!("the events ended without Closed"),
+            Err(_) => panic!("no close within {WITHIN:?}"),
+        }
+    };
+    assert!(
+        matches!(closed, StreamError::ChunkTooLarge { max: 1_048_576, .. }),
+        "{closed:?}"
+    );
+    assert!(closed.to_string().contains("max_chunk_bytes"), "{closed}");
+    assert!(matches!(
+        client.unsubscribe(1).await,
+        Err(StreamError::ChunkTooLarge { .. })
+    ));
+    broker.delete(&[s]).await;
+}

@@ -86,7 +86,37 @@ fn sections(offset: u64, record: Bytes) -> Result<StreamMessage, String> {
         }
     }
     message.body = body.freeze();
+    basic_annotations(&mut message.properties, &mut message.headers);
     Ok(message)
+}
+
+/// RabbitMQ (3.10 at least) writes a message published over AMQP 0-9-1
+/// without a header section: the 0-9-1 properties AMQP 1.0 has no field
+/// for go to message annotations `x-basic-type`, `x-basic-app-id`,
+/// `x-basic-delivery-mode`, `x-basic-priority` and `x-basic-expiration`.
+/// They are taken back into [`Properties`] (a property set by a section
+/// wins) and out of the headers, so a copy republished over AMQP 0-9-1
+/// carries them as properties, not twice.
+fn basic_annotations(p: &mut Properties, h: &mut Headers) {
+    if let Some(v) = h.remove("x-basic-type") {
+        p.kind = p.kind.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-app-id") {
+        p.app_id = p.app_id.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-expiration") {
+        p.expiration = p.expiration.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-delivery-mode") {
+        p.delivery_mode = p
+            .delivery_mode
+            .or_else(|| v.as_i64().and_then(|n| u8::try_from(n).ok()));
+    }
+    if let Some(v) = h.remove("x-basic-priority") {
+        p.priority = p
+            .priority
+            .or_else(|| v.as_i64().and_then(|n| u8::try_from(n).ok()));
+    }
 }
 
 /// A section's descriptor: `0x00` then a `smallulong` or `ulong`.

@@ -19,23 +19,48 @@ use crate::stream::types::StreamEvent;
 /// How long one write may take before the connection is taken as lost.
 const WRITE_BOUND: Duration = Duration::from_secs(10);
 
-/// Reads one frame (without its size prefix). A size over `max` is refused
-/// before anything is allocated for it.
+/// The most bytes a frame may have: `frame_max` (negotiated), except a
+/// Deliver, which may have `chunk_max` — the broker sends a chunk whole,
+/// whatever its size: RabbitMQ 3.10 sends chunks over the negotiated
+/// `frame_max` (a 3 MB chunk on a 1 MiB connection, from an AMQP 0-9-1
+/// publisher's batch).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) frame_max: u32,
+    pub(crate) chunk_max: u32,
+}
+
+/// Reads one frame (without its size prefix). The size is checked against
+/// `limits` (by the frame's key) before anything is allocated for it.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
-    max: u32,
+    limits: Limits,
 ) -> Result<Bytes, StreamError> {
     let size = r.read_u32().await.map_err(io)?;
-    if size > max {
-        return Err(StreamError::FrameTooLarge { size, max });
-    }
     if size < 4 {
         return Err(StreamError::Protocol(format!(
             "a frame of {size} bytes, under a key and version"
         )));
     }
+    let mut head = [0u8; 4];
+    r.read_exact(&mut head).await.map_err(io)?;
+    let key = u16::from_be_bytes([head[0], head[1]]);
+    if key == frame::DELIVER && size > limits.frame_max {
+        if size > limits.chunk_max.max(limits.frame_max) {
+            return Err(StreamError::ChunkTooLarge {
+                size,
+                max: limits.chunk_max,
+            });
+        }
+    } else if size > limits.frame_max {
+        return Err(StreamError::FrameTooLarge {
+            size,
+            max: limits.frame_max,
+        });
+    }
     let mut buf = BytesMut::zeroed(size as usize);
-    r.read_exact(&mut buf).await.map_err(io)?;
+    buf[..4].copy_from_slice(&head);
+    r.read_exact(&mut buf[4..]).await.map_err(io)?;
     Ok(buf.freeze())
 }
 
@@ -64,11 +89,11 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
     mut r: R,
     state: Arc<State>,
     events: mpsc::UnboundedSender<StreamEvent>,
-    frame_max: u32,
+    limits: Limits,
     heartbeat: Duration,
 ) {
     let why = loop {
-        let next = read_frame(&mut r, frame_max);
+        let next = read_frame(&mut r, limits);
         let bytes = if heartbeat.is_zero() {
             next.await
         } else {

@@ -10,5 +10,5 @@ mod state;
 
 pub use conn::{StreamClient, REQUEST_TIMEOUT};
 #[cfg(test)]
-pub(crate) use io::read_frame;
+pub(crate) use io::{read_frame, Limits};
 pub use options::StreamOptions;

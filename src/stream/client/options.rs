@@ -32,11 +32,18 @@ pub struct StreamOptions {
     /// for none). The connection is declared lost after twice the
     /// negotiated heartbeat without a frame from the broker.
     pub heartbeat: Duration,
+    /// The largest chunk (Deliver frame) accepted; a larger one closes the
+    /// connection with [`StreamError::ChunkTooLarge`](crate::stream::StreamError::ChunkTooLarge).
+    /// The broker sends a chunk whole, over the negotiated frame size if
+    /// it is bigger (chunks of an AMQP 0-9-1 publisher's batches are), so
+    /// this bounds what one chunk may allocate; a subscription holds up to
+    /// credit × this. 64 MiB by default.
+    pub max_chunk_bytes: u32,
 }
 
 impl Default for StreamOptions {
     /// `guest`@`127.0.0.1:5552`, virtual host `/`, 10 s to connect, 60 s
-    /// heartbeat.
+    /// heartbeat, chunks up to 64 MiB.
     fn default() -> Self {
         StreamOptions {
             host: "127.0.0.1".into(),
@@ -47,6 +54,7 @@ impl Default for StreamOptions {
             connection_name: "acemq-stream".into(),
             connect_timeout: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
+            max_chunk_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -63,6 +71,7 @@ impl std::fmt::Debug for StreamOptions {
             .field("connection_name", &self.connection_name)
             .field("connect_timeout", &self.connect_timeout)
             .field("heartbeat", &self.heartbeat)
+            .field("max_chunk_bytes", &self.max_chunk_bytes)
             .finish()
     }
 }

@@ -4,7 +4,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::encode::Rng;
-use crate::stream::client::read_frame;
+use crate::stream::client::{read_frame, Limits};
 use crate::stream::protocol::frame::{self, decode, Request, ServerFrame};
 use crate::stream::{OffsetSpec, StreamError};
 
@@ -117,9 +117,13 @@ fn frames_cut_short_are_errors_and_mutated_ones_never_panic() {
 
 #[tokio::test]
 async fn a_frame_over_the_maximum_is_refused_before_it_is_read() {
+    let limits = |frame_max, chunk_max| Limits {
+        frame_max,
+        chunk_max,
+    };
     // 4 GiB announced, 4 bytes sent: refused on the size alone.
-    let mut input: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
-    let err = read_frame(&mut input, 1024 * 1024)
+    let mut input: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0, 0x17, 0, 1];
+    let err = read_frame(&mut input, limits(1024 * 1024, 1 << 30))
         .await
         .expect_err("too large");
     assert!(matches!(
@@ -130,21 +134,39 @@ async fn a_frame_over_the_maximum_is_refused_before_it_is_read() {
         }
     ));
     assert!(err.to_string().contains("over the negotiated maximum"));
+    // A Deliver may pass frame_max, up to chunk_max.
+    let mut deliver = vec![0, 0, 0, 20, 0, 8, 0, 1];
+    deliver.extend_from_slice(&[0; 16]);
+    let mut input: &[u8] = &deliver;
+    assert_eq!(
+        read_frame(&mut input, limits(10, 20))
+            .await
+            .expect("a chunk")
+            .len(),
+        20
+    );
+    let mut input: &[u8] = &deliver;
+    assert!(matches!(
+        read_frame(&mut input, limits(10, 19)).await,
+        Err(StreamError::ChunkTooLarge { size: 20, max: 19 })
+    ));
     // A size that lies (more than the socket gives): the end of the stream.
     let mut input: &[u8] = &[0, 0, 0, 100, 0, 0x17, 0, 1];
     assert!(matches!(
-        read_frame(&mut input, 1024).await,
+        read_frame(&mut input, limits(1024, 1024)).await,
         Err(StreamError::Io(_))
     ));
     // Under a key and a version.
     let mut input: &[u8] = &[0, 0, 0, 2, 0, 0];
     assert!(matches!(
-        read_frame(&mut input, 1024).await,
+        read_frame(&mut input, limits(1024, 1024)).await,
         Err(StreamError::Protocol(_))
     ));
     let mut input: &[u8] = &[0, 0, 0, 4, 0, 0x17, 0, 1];
     assert_eq!(
-        &read_frame(&mut input, 1024).await.expect("a heartbeat")[..],
+        &read_frame(&mut input, limits(1024, 1024))
+            .await
+            .expect("a heartbeat")[..],
         &[0, 0x17, 0, 1]
     );
 }
