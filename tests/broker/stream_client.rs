@@ -159,6 +159,22 @@ async fn stream_reads_back_bodies_headers_and_properties_published_over_amqp() {
     ));
     client.unsubscribe(1).await.expect("unsubscribe");
     client.close().await.expect("close");
+    client.close().await.expect("closing twice does nothing");
+    let end = tokio::time::Instant::now() + WITHIN;
+    loop {
+        match tokio::time::timeout_at(end, events.recv()).await {
+            Ok(Some(StreamEvent::Closed(e))) => {
+                assert!(matches!(e, StreamError::Closed), "{e:?}");
+                break;
+            }
+            Ok(Some(_)) => continue,
+            other => panic!("no Closed event after close: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        client.query_offset("r", &s).await,
+        Err(StreamError::Closed)
+    ));
     broker.delete(&[s]).await;
 }
 

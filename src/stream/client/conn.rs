@@ -45,8 +45,12 @@ struct Inner {
     tasks: [AbortHandle; 2],
 }
 
+/// The last handle gone: the connection ends (its events end with
+/// `Closed`), without waiting for the broker.
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.state.closing();
+        self.state.end(StreamError::Closed);
         for task in &self.tasks {
             task.abort();
         }
@@ -81,11 +85,10 @@ impl StreamClient {
         let (read_half, write_half) = socket.into_split();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let state = Arc::new(State::new(out_tx, opened.next_corr));
+        let state = Arc::new(State::new(out_tx, events_tx, opened.next_corr));
         let read = tokio::spawn(reader(
             read_half,
             state.clone(),
-            events_tx,
             Limits {
                 frame_max: opened.frame_max,
                 chunk_max: opts.max_chunk_bytes,
@@ -275,6 +278,7 @@ impl StreamClient {
         if state.ended().is_some() {
             return Ok(());
         }
+        state.closing();
         let (corr, rx) = state.register();
         let req = Request::Close {
             code: 1,

@@ -83,12 +83,11 @@ pub(crate) fn io(e: std::io::Error) -> StreamError {
 
 /// The reader: routes responses to their requests and everything else to
 /// `events`, until the socket ends, a frame cannot be read, or the broker
-/// is silent for `2 × heartbeat` (no bound when `heartbeat` is zero). Its
-/// last event is [`StreamEvent::Closed`].
+/// is silent for `2 × heartbeat` (no bound when `heartbeat` is zero); then
+/// the state's end sends the last event, [`StreamEvent::Closed`].
 pub(crate) async fn reader<R: AsyncRead + Unpin>(
     mut r: R,
     state: Arc<State>,
-    events: mpsc::UnboundedSender<StreamEvent>,
     limits: Limits,
     heartbeat: Duration,
 ) {
@@ -144,16 +143,15 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
                 continue
             }
         };
-        // A receiver dropped is an application not listening: the
-        // connection goes on for its requests.
-        let _ = events.send(event);
+        state.emit(event);
     };
-    let why = state.end(why);
-    let _ = events.send(StreamEvent::Closed(why));
+    state.end(why);
 }
 
 /// The writer: sends queued frames in order, and a heartbeat every
-/// `heartbeat` (none when zero), until the queue closes or a write fails.
+/// `heartbeat` (none when zero), until the connection ends (the frames
+/// queued before are written), the queue closes or a write fails; then it
+/// shuts the socket's write side.
 pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     mut w: W,
     mut out: mpsc::UnboundedReceiver<Bytes>,
@@ -170,6 +168,8 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     loop {
         let frame = tokio::select! {
             next = out.recv() => match next {
+                // Empty: the connection ended, everything before is written.
+                Some(frame) if frame.is_empty() => break,
                 Some(frame) => frame,
                 None => break,
             },

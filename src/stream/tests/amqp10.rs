@@ -283,3 +283,35 @@ fn every_prefix_and_mutation_of_a_valid_record_decodes_without_panicking() {
         assert_eq!(m.offset, 1);
     }
 }
+
+#[test]
+fn x_basic_annotations_are_properties_and_a_section_wins() {
+    let mut b = BytesMut::new();
+    section(
+        &mut b,
+        0x72,
+        &V::Map(vec![
+            (sym("x-basic-type"), s("kind")),
+            (sym("x-basic-app-id"), s("app")),
+            (sym("x-basic-delivery-mode"), V::UByte(2)),
+            (sym("x-basic-priority"), V::UByte(4)),
+            (sym("x-basic-expiration"), s("900")),
+            (sym("x-routing-key"), s("rk")),
+        ]),
+    );
+    section(
+        &mut b,
+        0x73,
+        &V::List(vec![V::Null, V::Null, V::Null, s("subject")]),
+    );
+    data(&mut b, b"x");
+    let m = decode(0, b.freeze());
+    let p = &m.properties;
+    assert_eq!(p.kind.as_deref(), Some("subject"), "the section wins");
+    assert_eq!(p.app_id.as_deref(), Some("app"));
+    assert_eq!(p.delivery_mode, Some(2));
+    assert_eq!(p.priority, Some(4));
+    assert_eq!(p.expiration.as_deref(), Some("900"));
+    assert_eq!(m.headers.len(), 1, "{:?}", m.headers);
+    assert_eq!(m.headers.get("x-routing-key"), Some(&Value::from("rk")));
+}

@@ -5,3 +5,4 @@ mod amqp10;
 mod chunk;
 mod encode;
 mod frame;
+mod reader;
