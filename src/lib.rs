@@ -39,6 +39,14 @@
     not(feature = "postgres"),
     doc = "- with `postgres`, the `outbox` (it publishes through the publisher)\n  and the `inbox` (not in this build);"
 )]
+#![cfg_attr(
+    feature = "streams",
+    doc = "- with `streams`, [`stream`]: acemq's own client of RabbitMQ's stream\n  protocol (consuming side; it depends on `connection`, `convert` and `sync`\n  only);"
+)]
+#![cfg_attr(
+    not(feature = "streams"),
+    doc = "- with `streams`, `stream`: acemq's own client of RabbitMQ's stream\n  protocol (consuming side; not in this build);"
+)]
 //! - [`settle`]: the settle ledger, the one writer of settle frames, and the
 //!   public [`Settler`];
 //! - `consumer`: one generation's consumer loop and its counters;

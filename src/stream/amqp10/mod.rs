@@ -3,8 +3,10 @@
 //!
 //! Sections read: `header` (durable → `delivery_mode` 2, priority, ttl →
 //! `expiration`), `properties` (message-id and correlation-id as strings
-//! whatever their AMQP type; user-id; subject → `kind`; reply-to;
-//! content-type; content-encoding; creation-time → `timestamp` in seconds),
+//! whatever their AMQP type; user-id; subject → `kind`; reply-to (RabbitMQ
+//! 4's `/queues/<name>` address back to the queue's name);
+//! content-type; content-encoding; creation-time → `timestamp` in seconds;
+//! group-id → `app_id`, where RabbitMQ 4 writes AMQP 0-9-1's app-id),
 //! `application-properties` (→ headers), `message-annotations` (those whose
 //! keys start with `x-` → headers too), `data` (concatenated into the body),
 //! `amqp-value` (a binary or string is the body; any other value's encoding

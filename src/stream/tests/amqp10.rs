@@ -42,6 +42,7 @@ fn every_section_is_read_into_body_properties_and_headers() {
             sym("gzip"),               // content-encoding
             V::Null,                   // absolute-expiry-time
             V::Ts(1_700_000_000_123),  // creation-time
+            s("app"),                  // group-id
         ]),
     );
     section(
@@ -82,6 +83,7 @@ fn every_section_is_read_into_body_properties_and_headers() {
     assert_eq!(p.content_type.as_deref(), Some("application/json"));
     assert_eq!(p.content_encoding.as_deref(), Some("gzip"));
     assert_eq!(p.timestamp, Some(1_700_000_000));
+    assert_eq!(p.app_id.as_deref(), Some("app"));
     let h = &m.headers;
     assert_eq!(h.get("x-opt-a"), Some(&Value::I32(1)));
     assert_eq!(h.get("not-x"), None, "only x- annotations become headers");
@@ -314,4 +316,28 @@ fn x_basic_annotations_are_properties_and_a_section_wins() {
     assert_eq!(p.expiration.as_deref(), Some("900"));
     assert_eq!(m.headers.len(), 1, "{:?}", m.headers);
     assert_eq!(m.headers.get("x-routing-key"), Some(&Value::from("rk")));
+}
+
+#[test]
+fn a_queue_address_as_reply_to_is_the_queue_name() {
+    for (address, expected) in [
+        ("/queues/rt", "rt"),
+        ("/queues/a%2Fb%20c", "a/b c"),
+        ("/queues/bad%zz", "bad%zz"),
+        ("/exchanges/x/k", "/exchanges/x/k"),
+        ("plain", "plain"),
+    ] {
+        let mut b = BytesMut::new();
+        section(
+            &mut b,
+            0x73,
+            &V::List(vec![V::Null, V::Null, V::Null, V::Null, s(address)]),
+        );
+        let m = decode(0, b.freeze());
+        assert_eq!(
+            m.properties.reply_to.as_deref(),
+            Some(expected),
+            "{address}"
+        );
+    }
 }
