@@ -313,6 +313,19 @@ async fn stream_unreachable_port_says_to_enable_the_plugin() {
 }
 
 #[tokio::test]
+async fn stream_the_amqp_port_is_told_apart_from_the_stream_port() {
+    let url = url::Url::parse(&crate::support::addr()).expect("AMQP_ADDR is a URL");
+    let opts = StreamOptions {
+        port: url.port().unwrap_or(5672),
+        ..options()
+    };
+    let err = StreamClient::connect(&opts)
+        .await
+        .expect_err("not the stream port");
+    assert!(err.to_string().contains("not the stream port"), "{err}");
+}
+
+#[tokio::test]
 async fn stream_offset_specs_first_last_next_offset_and_timestamp() {
     let mut broker = Broker::new().await;
     let s = stream(&mut broker, "stream-specs").await;
@@ -526,5 +539,55 @@ async fn stream_chunks_over_the_frame_max_are_read_up_to_max_chunk_bytes() {
         client.unsubscribe(1).await,
         Err(StreamError::ChunkTooLarge { .. })
     ));
+    broker.delete(&[s]).await;
+}
+
+#[tokio::test]
+async fn stream_single_active_consumer_is_asked_where_to_start_from_3_11() {
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-sac").await;
+    publish(&mut broker, &s, 0).await;
+    let (client, mut events) = connect().await;
+    let version = client.server_version().unwrap_or("").to_string();
+    let props = vec![
+        ("single-active-consumer".to_string(), "true".to_string()),
+        ("name".to_string(), "acemq-sac".to_string()),
+    ];
+    client
+        .subscribe(1, &s, OffsetSpec::Next, 1, &props)
+        .await
+        .expect("subscribe");
+    if version.starts_with("3.10.") || version.starts_with("3.9.") {
+        // Before 3.11 the property is ignored: a plain subscription, from
+        // Next, sees the next message.
+        publish(&mut broker, &s, 1).await;
+        let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+        assert_eq!(c.messages[0].offset, 1);
+    } else {
+        let end = tokio::time::Instant::now() + WITHIN;
+        let corr = loop {
+            match tokio::time::timeout_at(end, events.recv()).await {
+                Ok(Some(StreamEvent::ConsumerUpdate {
+                    subscription,
+                    correlation_id,
+                    active,
+                })) => {
+                    assert_eq!((subscription, active), (1, true));
+                    break correlation_id;
+                }
+                Ok(Some(StreamEvent::Closed(e))) => panic!("closed: {e}"),
+                Ok(Some(_)) => continue,
+                other => panic!("no consumer update within {WITHIN:?}: {other:?}"),
+            }
+        };
+        // The answer decides where it starts: from the first message.
+        client
+            .answer_consumer_update(corr, OffsetSpec::First)
+            .await
+            .expect("answer");
+        let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+        assert_eq!(c.messages[0].offset, 0);
+    }
+    client.close().await.expect("close");
     broker.delete(&[s]).await;
 }

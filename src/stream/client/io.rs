@@ -37,6 +37,13 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     limits: Limits,
 ) -> Result<Bytes, StreamError> {
     let size = r.read_u32().await.map_err(io)?;
+    if size == u32::from_be_bytes(*b"AMQP") {
+        return Err(StreamError::Protocol(
+            "the peer answered with AMQP 0-9-1's protocol header: this is the AMQP port, \
+             not the stream port (5552 by default)"
+                .into(),
+        ));
+    }
     if size < 4 {
         return Err(StreamError::Protocol(format!(
             "a frame of {size} bytes, under a key and version"
