@@ -240,7 +240,7 @@ async fn stream_store_offset_is_read_back_and_an_unknown_reference_has_none() {
 
 #[tokio::test]
 async fn stream_subscribe_to_a_missing_stream_is_a_typed_error() {
-    let (client, _events) = connect().await;
+    let (client, mut events) = connect().await;
     let missing = unique("stream-missing");
     let err = client
         .subscribe(1, &missing, OffsetSpec::First, 1, &[])
@@ -251,6 +251,15 @@ async fn stream_subscribe_to_a_missing_stream_is_a_typed_error() {
         "{err:?}"
     );
     assert!(err.to_string().contains("does not exist"), "{err}");
+    // Credit for no subscription: the broker's only answer to Credit.
+    client.credit(99, 1).expect("credit is sent");
+    match tokio::time::timeout(WITHIN, events.recv()).await {
+        Ok(Some(StreamEvent::CreditRefused { subscription, code })) => {
+            assert_eq!(subscription, 99);
+            assert_eq!(code, ResponseCode::SubscriptionIdDoesNotExist);
+        }
+        other => panic!("no credit refusal within {WITHIN:?}: {other:?}"),
+    }
     client.close().await.expect("close");
 }
 

@@ -28,9 +28,10 @@ pub struct StreamOptions {
     pub connection_name: String,
     /// The bound on TCP connect and the whole handshake.
     pub connect_timeout: Duration,
-    /// The heartbeat asked for (the broker's, when lower, wins; zero asks
-    /// for none). The connection is declared lost after twice the
-    /// negotiated heartbeat without a frame from the broker.
+    /// The heartbeat asked for, in whole seconds (the broker's, when lower,
+    /// wins; under a second leaves it to the broker). The connection is
+    /// declared lost after twice the negotiated heartbeat without a frame
+    /// from the broker.
     pub heartbeat: Duration,
     /// The largest chunk (Deliver frame) accepted; a larger one closes the
     /// connection with [`StreamError::ChunkTooLarge`](crate::stream::StreamError::ChunkTooLarge).
