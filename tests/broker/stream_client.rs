@@ -305,6 +305,21 @@ async fn stream_wrong_password_is_an_authentication_error_without_the_password()
 }
 
 #[tokio::test]
+async fn stream_a_missing_virtual_host_is_a_typed_error() {
+    let opts = StreamOptions {
+        vhost: "acemq-test-no-such-vhost".into(),
+        ..options()
+    };
+    let err = StreamClient::connect(&opts)
+        .await
+        .expect_err("no such vhost");
+    assert!(
+        matches!(&err, StreamError::VirtualHost { vhost, .. } if vhost == "acemq-test-no-such-vhost"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
 async fn stream_unreachable_port_says_to_enable_the_plugin() {
     let opts = StreamOptions {
         port: 1,
