@@ -39,6 +39,8 @@
     not(feature = "postgres"),
     doc = "- with `postgres`, the `outbox` (it publishes through the publisher)\n  and the `inbox` (not in this build);"
 )]
+//! - [`stream`]: acemq's own client of RabbitMQ's stream protocol
+//!   (consuming side);
 //! - [`settle`]: the settle ledger, the one writer of settle frames, and the
 //!   public [`Settler`];
 //! - `consumer`: one generation's consumer loop and its counters;

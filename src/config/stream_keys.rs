@@ -175,6 +175,7 @@ impl Default for OffsetStore {
 /// streams:
 ///   port: 5552                 # the rabbitmq_stream plugin's port
 ///   advertised_host: null      # connect here instead of the AMQP address's host
+///   max_chunk_bytes: 67108864  # the largest chunk read (64 MiB)
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -187,11 +188,18 @@ pub struct StreamsConfig {
     /// `advertised_host` differs from the AMQP address, behind a load
     /// balancer say.
     pub advertised_host: Option<String>,
+    /// The largest chunk a stream connection reads (default 64 MiB; at
+    /// least 1 MiB). The broker sends a chunk whole, whatever frame size
+    /// was negotiated, and a chunk holds at least one message: raise it
+    /// above the broker's `max_message_size` where messages are larger.
+    pub max_chunk_bytes: u32,
 }
 
 impl StreamsConfig {
     /// The default `port`: 5552.
     pub const DEFAULT_PORT: u16 = 5552;
+    /// The default `max_chunk_bytes`: 64 MiB.
+    pub const DEFAULT_MAX_CHUNK_BYTES: u32 = 64 * 1024 * 1024;
 }
 
 impl Default for StreamsConfig {
@@ -199,6 +207,7 @@ impl Default for StreamsConfig {
         StreamsConfig {
             port: StreamsConfig::DEFAULT_PORT,
             advertised_host: None,
+            max_chunk_bytes: StreamsConfig::DEFAULT_MAX_CHUNK_BYTES,
         }
     }
 }

@@ -82,6 +82,13 @@ impl Config {
                 ));
             }
         }
+        if self.streams.max_chunk_bytes < 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                "streams.max_chunk_bytes",
+                "is below 1 MiB",
+                "give the largest chunk a stream connection reads, above the broker's largest message (default 67108864, 64 MiB)",
+            ));
+        }
         if self.queues.is_empty() {
             return Err(ConfigError::invalid(
                 "queues",

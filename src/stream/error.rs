@@ -218,12 +218,24 @@ pub enum StreamError {
     /// A frame was over the negotiated maximum frame size.
     #[error(
         "a frame of {size} bytes is over the negotiated maximum of {max} bytes: the \
-         connection was closed; raise the broker's `stream.frame_max` or lower the chunk size"
+         connection was closed; this is a broker fault or not the stream port"
     )]
     FrameTooLarge {
         /// The frame's announced size.
         size: u32,
         /// The negotiated maximum.
+        max: u32,
+    },
+    /// A chunk was over [`max_chunk_bytes`](super::StreamOptions::max_chunk_bytes).
+    #[error(
+        "a chunk of {size} bytes is over max_chunk_bytes ({max} bytes): the connection was \
+         closed; raise `streams.max_chunk_bytes` in the config (StreamOptions::max_chunk_bytes; a subscription holds up to credit × \
+         chunk size in memory)"
+    )]
+    ChunkTooLarge {
+        /// The Deliver frame's size.
+        size: u32,
+        /// The limit.
         max: u32,
     },
     /// The broker sent something this client cannot read.
@@ -250,6 +262,18 @@ pub enum StreamError {
     /// or a failure before); nothing more can be sent.
     #[error("the stream connection is closed: connect again")]
     Closed,
+    /// The broker's version does not have the command (RabbitMQ 3.10
+    /// does not answer a command it does not know: the request would only
+    /// time out).
+    #[error("{what} needs RabbitMQ {needs} or later; this broker is {version}: upgrade it")]
+    Unsupported {
+        /// The request.
+        what: &'static str,
+        /// The first version with it.
+        needs: &'static str,
+        /// The broker's version (`unknown` when it did not say).
+        version: String,
+    },
     /// An argument cannot be sent (a string over the protocol's 32,767
     /// bytes, for one).
     #[error("cannot send {0}: shorten it")]

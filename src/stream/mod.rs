@@ -35,6 +35,8 @@ pub mod amqp10;
 mod client;
 mod error;
 mod protocol;
+#[cfg(test)]
+mod tests;
 mod types;
 mod wire;
 

@@ -21,10 +21,7 @@ fn options() -> StreamOptions {
     let url = url::Url::parse(&crate::support::addr()).expect("AMQP_ADDR is a URL");
     StreamOptions {
         host: url.host_str().unwrap_or("127.0.0.1").to_string(),
-        port: std::env::var("STREAM_PORT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(5552),
+        port: crate::support::stream_port(),
         connection_name: "acemq-test-stream".into(),
         ..StreamOptions::default()
     }
@@ -159,6 +156,22 @@ async fn stream_reads_back_bodies_headers_and_properties_published_over_amqp() {
     ));
     client.unsubscribe(1).await.expect("unsubscribe");
     client.close().await.expect("close");
+    client.close().await.expect("closing twice does nothing");
+    let end = tokio::time::Instant::now() + WITHIN;
+    loop {
+        match tokio::time::timeout_at(end, events.recv()).await {
+            Ok(Some(StreamEvent::Closed(e))) => {
+                assert!(matches!(e, StreamError::Closed), "{e:?}");
+                break;
+            }
+            Ok(Some(_)) => continue,
+            other => panic!("no Closed event after close: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        client.query_offset("r", &s).await,
+        Err(StreamError::Closed)
+    ));
     broker.delete(&[s]).await;
 }
 
@@ -221,7 +234,7 @@ async fn stream_store_offset_is_read_back_and_an_unknown_reference_has_none() {
 
 #[tokio::test]
 async fn stream_subscribe_to_a_missing_stream_is_a_typed_error() {
-    let (client, _events) = connect().await;
+    let (client, mut events) = connect().await;
     let missing = unique("stream-missing");
     let err = client
         .subscribe(1, &missing, OffsetSpec::First, 1, &[])
@@ -232,6 +245,15 @@ async fn stream_subscribe_to_a_missing_stream_is_a_typed_error() {
         "{err:?}"
     );
     assert!(err.to_string().contains("does not exist"), "{err}");
+    // Credit for no subscription: the broker's only answer to Credit.
+    client.credit(99, 1).expect("credit is sent");
+    match tokio::time::timeout(WITHIN, events.recv()).await {
+        Ok(Some(StreamEvent::CreditRefused { subscription, code })) => {
+            assert_eq!(subscription, 99);
+            assert_eq!(code, ResponseCode::SubscriptionIdDoesNotExist);
+        }
+        other => panic!("no credit refusal within {WITHIN:?}: {other:?}"),
+    }
     client.close().await.expect("close");
 }
 
@@ -277,6 +299,21 @@ async fn stream_wrong_password_is_an_authentication_error_without_the_password()
 }
 
 #[tokio::test]
+async fn stream_a_missing_virtual_host_is_a_typed_error() {
+    let opts = StreamOptions {
+        vhost: "acemq-test-no-such-vhost".into(),
+        ..options()
+    };
+    let err = StreamClient::connect(&opts)
+        .await
+        .expect_err("no such vhost");
+    assert!(
+        matches!(&err, StreamError::VirtualHost { vhost, .. } if vhost == "acemq-test-no-such-vhost"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
 async fn stream_unreachable_port_says_to_enable_the_plugin() {
     let opts = StreamOptions {
         port: 1,
@@ -291,6 +328,19 @@ async fn stream_unreachable_port_says_to_enable_the_plugin() {
             .contains("rabbitmq-plugins enable rabbitmq_stream"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn stream_the_amqp_port_is_told_apart_from_the_stream_port() {
+    let url = url::Url::parse(&crate::support::addr()).expect("AMQP_ADDR is a URL");
+    let opts = StreamOptions {
+        port: url.port().unwrap_or(5672),
+        ..options()
+    };
+    let err = StreamClient::connect(&opts)
+        .await
+        .expect_err("not the stream port");
+    assert!(err.to_string().contains("not the stream port"), "{err}");
 }
 
 #[tokio::test]
@@ -372,6 +422,190 @@ async fn stream_offset_specs_first_last_next_offset_and_timestamp() {
         .expect("the new chunk");
     assert_eq!(c.subscription, 5);
     assert_eq!(c.messages.first().map(|m| m.offset), Some(3));
+    client.close().await.expect("close");
+    broker.delete(&[s]).await;
+}
+
+#[tokio::test]
+async fn stream_amqp_091_properties_and_header_types_come_back() {
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-props").await;
+    let mut headers = FieldTable::default();
+    headers.insert("x-custom".into(), long_str("xv"));
+    headers.insert("plain".into(), long_str("pv"));
+    headers.insert("ts".into(), AMQPValue::Timestamp(1_700_000_000));
+    headers.insert("b".into(), AMQPValue::Boolean(true));
+    headers.insert("f".into(), AMQPValue::Double(2.5));
+    let props = BasicProperties::default()
+        .with_headers(headers)
+        .with_message_id("mid".into())
+        .with_correlation_id("cid".into())
+        .with_reply_to("rt".into())
+        .with_content_type("ct".into())
+        .with_content_encoding("ce".into())
+        .with_type("kind".into())
+        .with_app_id("app".into())
+        .with_user_id("guest".into())
+        .with_expiration("60000".into())
+        .with_priority(3)
+        .with_delivery_mode(2)
+        .with_timestamp(1_700_000_001);
+    broker.publish_props(&s, b"props", props).await;
+    let (client, mut events) = connect().await;
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+    let m = &c.messages[0];
+    assert_eq!(m.malformed, None);
+    assert_eq!(&m.body[..], b"props");
+    let p = &m.properties;
+    assert_eq!(p.message_id.as_deref(), Some("mid"));
+    assert_eq!(p.correlation_id.as_deref(), Some("cid"));
+    assert_eq!(p.reply_to.as_deref(), Some("rt"));
+    assert_eq!(p.content_type.as_deref(), Some("ct"));
+    assert_eq!(p.content_encoding.as_deref(), Some("ce"));
+    assert_eq!(p.kind.as_deref(), Some("kind"));
+    assert_eq!(p.app_id.as_deref(), Some("app"));
+    assert_eq!(p.user_id.as_deref(), Some("guest"));
+    assert_eq!(p.expiration.as_deref(), Some("60000"));
+    assert_eq!(p.priority, Some(3));
+    assert_eq!(p.delivery_mode, Some(2));
+    assert_eq!(p.timestamp, Some(1_700_000_001));
+    let h = &m.headers;
+    assert_eq!(h.get("x-custom").and_then(Value::as_str), Some("xv"));
+    assert_eq!(h.get("plain").and_then(Value::as_str), Some("pv"));
+    assert_eq!(h.get("ts"), Some(&Value::Timestamp(1_700_000_000)));
+    assert_eq!(h.get("b"), Some(&Value::Bool(true)));
+    assert_eq!(h.get("f"), Some(&Value::F64(2.5)));
+    assert!(
+        h.iter().all(|(k, _)| !k.starts_with("x-basic-")),
+        "x-basic-* annotations are properties: {h:?}"
+    );
+    client.close().await.expect("close");
+    broker.delete(&[s]).await;
+}
+
+#[tokio::test]
+async fn stream_partitions_need_3_11_and_stats_are_none_before_it() {
+    let (client, _events) = connect().await;
+    let version = client
+        .server_version()
+        .expect("the broker says its version")
+        .to_string();
+    let old = version.starts_with("3.10.") || version.starts_with("3.9.");
+    let missing = unique("stream-super");
+    let partitions = client.partitions(&missing).await;
+    let stats = client.stream_stats(&missing).await;
+    if old {
+        assert!(
+            matches!(&partitions, Err(StreamError::Unsupported { .. })),
+            "{partitions:?}"
+        );
+        assert!(matches!(stats, Ok(None)), "{stats:?}");
+    } else {
+        assert!(partitions.is_err(), "{partitions:?}");
+        assert!(
+            matches!(stats, Err(StreamError::StreamDoesNotExist { .. })),
+            "{stats:?}"
+        );
+    }
+    client.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn stream_chunks_over_the_frame_max_are_read_up_to_max_chunk_bytes() {
+    // RabbitMQ sends a chunk whole, over the negotiated frame_max (1 MiB).
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-big").await;
+    let big = vec![7u8; 2 * 1024 * 1024];
+    broker
+        .publish_props(&s, &big, BasicProperties::default())
+        .await;
+    let (client, mut events) = connect().await;
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let c = next_chunk(&mut events, WITHIN)
+        .await
+        .expect("the big chunk");
+    assert_eq!(c.messages[0].body.len(), big.len());
+    client.close().await.expect("close");
+
+    let small = StreamOptions {
+        max_chunk_bytes: 1024 * 1024,
+        ..options()
+    };
+    let (client, mut events) = StreamClient::connect(&small).await.expect("connect");
+    client
+        .subscribe(1, &s, OffsetSpec::First, 1, &[])
+        .await
+        .expect("subscribe");
+    let closed = match tokio::time::timeout(WITHIN, events.recv()).await {
+        Ok(Some(StreamEvent::Closed(e))) => e,
+        Ok(other) => panic!("{other:?} before the close"),
+        Err(_) => panic!("no close within {WITHIN:?}"),
+    };
+    assert!(
+        matches!(closed, StreamError::ChunkTooLarge { max: 1_048_576, .. }),
+        "{closed:?}"
+    );
+    assert!(closed.to_string().contains("max_chunk_bytes"), "{closed}");
+    assert!(matches!(
+        client.unsubscribe(1).await,
+        Err(StreamError::ChunkTooLarge { .. })
+    ));
+    broker.delete(&[s]).await;
+}
+
+#[tokio::test]
+async fn stream_single_active_consumer_is_asked_where_to_start_from_3_11() {
+    let mut broker = Broker::new().await;
+    let s = stream(&mut broker, "stream-sac").await;
+    publish(&mut broker, &s, 0).await;
+    let (client, mut events) = connect().await;
+    let version = client.server_version().unwrap_or("").to_string();
+    let props = vec![
+        ("single-active-consumer".to_string(), "true".to_string()),
+        ("name".to_string(), "acemq-sac".to_string()),
+    ];
+    client
+        .subscribe(1, &s, OffsetSpec::Next, 1, &props)
+        .await
+        .expect("subscribe");
+    if version.starts_with("3.10.") || version.starts_with("3.9.") {
+        // Before 3.11 the property is ignored: a plain subscription, from
+        // Next, sees the next message.
+        publish(&mut broker, &s, 1).await;
+        let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+        assert_eq!(c.messages[0].offset, 1);
+    } else {
+        let end = tokio::time::Instant::now() + WITHIN;
+        let corr = loop {
+            match tokio::time::timeout_at(end, events.recv()).await {
+                Ok(Some(StreamEvent::ConsumerUpdate {
+                    subscription,
+                    correlation_id,
+                    active,
+                })) => {
+                    assert_eq!((subscription, active), (1, true));
+                    break correlation_id;
+                }
+                Ok(Some(StreamEvent::Closed(e))) => panic!("closed: {e}"),
+                Ok(Some(_)) => continue,
+                other => panic!("no consumer update within {WITHIN:?}: {other:?}"),
+            }
+        };
+        // The answer decides where it starts: from the first message.
+        client
+            .answer_consumer_update(corr, OffsetSpec::First)
+            .await
+            .expect("answer");
+        let c = next_chunk(&mut events, WITHIN).await.expect("a chunk");
+        assert_eq!(c.messages[0].offset, 0);
+    }
     client.close().await.expect("close");
     broker.delete(&[s]).await;
 }

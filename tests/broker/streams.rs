@@ -4,22 +4,14 @@
 //! queue, and a permanent one lands in `<stream>.dlq` with its reason.
 //!
 //! Needs the `rabbitmq_stream` plugin (`rabbitmq-plugins enable
-//! rabbitmq_stream`); its port is `ACEMQ_STREAM_PORT` (default 5552).
+//! rabbitmq_stream`); its port is `support::stream_port()`.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use lapin::BasicProperties;
 
-use crate::support::{eventually, message_headers, unique, Broker, ShopProcess};
-
-/// The stream plugin's port of the broker under test.
-pub fn stream_port() -> u16 {
-    std::env::var("ACEMQ_STREAM_PORT")
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or(5552)
-}
+use crate::support::{eventually, message_headers, stream_port, unique, Broker, ShopProcess};
 
 /// A shop config consuming stream `s`, with rungs (1 s) and a dead-letter
 /// queue.

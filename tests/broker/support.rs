@@ -814,3 +814,20 @@ pub async fn ctl_version() -> (String, (u32, u32)) {
     let mm = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (text, mm)
 }
+
+/// The stream plugin's port of the broker under test: `ACEMQ_STREAM_PORT`,
+/// or the AMQP port less 120 (5552 beside 5672, as the helper nodes of
+/// `scripts/` place it: 5584 beside 5704).
+pub fn stream_port() -> u16 {
+    if let Some(p) = std::env::var("ACEMQ_STREAM_PORT")
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+    {
+        return p;
+    }
+    let amqp = url::Url::parse(&addr())
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(5672);
+    amqp - 120
+}

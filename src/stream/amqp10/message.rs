@@ -86,7 +86,37 @@ fn sections(offset: u64, record: Bytes) -> Result<StreamMessage, String> {
         }
     }
     message.body = body.freeze();
+    basic_annotations(&mut message.properties, &mut message.headers);
     Ok(message)
+}
+
+/// RabbitMQ (3.10 at least) writes a message published over AMQP 0-9-1
+/// without a header section: the 0-9-1 properties AMQP 1.0 has no field
+/// for go to message annotations `x-basic-type`, `x-basic-app-id`,
+/// `x-basic-delivery-mode`, `x-basic-priority` and `x-basic-expiration`.
+/// They are taken back into [`Properties`] (a property set by a section
+/// wins) and out of the headers, so a copy republished over AMQP 0-9-1
+/// carries them as properties, not twice.
+fn basic_annotations(p: &mut Properties, h: &mut Headers) {
+    if let Some(v) = h.remove("x-basic-type") {
+        p.kind = p.kind.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-app-id") {
+        p.app_id = p.app_id.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-expiration") {
+        p.expiration = p.expiration.take().or_else(|| text(&v));
+    }
+    if let Some(v) = h.remove("x-basic-delivery-mode") {
+        p.delivery_mode = p
+            .delivery_mode
+            .or_else(|| v.as_i64().and_then(|n| u8::try_from(n).ok()));
+    }
+    if let Some(v) = h.remove("x-basic-priority") {
+        p.priority = p
+            .priority
+            .or_else(|| v.as_i64().and_then(|n| u8::try_from(n).ok()));
+    }
 }
 
 /// A section's descriptor: `0x00` then a `smallulong` or `ulong`.
@@ -153,22 +183,58 @@ fn header(p: &mut Properties, v: Value) -> Result<(), String> {
 
 /// The properties section: message-id, user-id, subject (as the `kind`,
 /// AMQP 0-9-1's type), reply-to, correlation-id, content-type,
-/// content-encoding and creation-time (as the timestamp). The ids are
-/// strings whatever their AMQP type. `to`, the expiry time and the group
-/// fields have no place in [`Properties`] and are not kept.
+/// content-encoding, creation-time (as the timestamp) and group-id (as the
+/// app id: RabbitMQ 4 writes AMQP 0-9-1's app-id there). The ids are
+/// strings whatever their AMQP type. `to`, the expiry time, the group
+/// sequence and reply-to-group-id have no place in [`Properties`] and are
+/// not kept.
 fn properties(p: &mut Properties, v: Value) -> Result<(), String> {
     let fields = list(v, "the properties section")?;
     let at = |i: usize| fields.get(i).and_then(text);
     p.message_id = at(0);
     p.user_id = at(1);
     p.kind = at(3);
-    p.reply_to = at(4);
+    p.reply_to = at(4).map(reply_to);
     p.correlation_id = at(5);
     p.content_type = at(6);
     p.content_encoding = at(7);
+    p.app_id = at(10);
     p.timestamp = match fields.get(9) {
         Some(Value::Timestamp(secs)) => Some(*secs),
         _ => None,
     };
     Ok(())
+}
+
+/// RabbitMQ 4 writes an AMQP 0-9-1 reply-to queue as the AMQP 1.0 address
+/// `/queues/<name, percent-encoded>`: the queue's name is taken back (any
+/// other address is kept as it is).
+fn reply_to(address: String) -> String {
+    let Some(name) = address.strip_prefix("/queues/") else {
+        return address;
+    };
+    if name.contains('/') {
+        return address;
+    }
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or(address)
 }

@@ -3,13 +3,19 @@
 //!
 //! Sections read: `header` (durable → `delivery_mode` 2, priority, ttl →
 //! `expiration`), `properties` (message-id and correlation-id as strings
-//! whatever their AMQP type; user-id; subject → `kind`; reply-to;
-//! content-type; content-encoding; creation-time → `timestamp` in seconds),
+//! whatever their AMQP type; user-id; subject → `kind`; reply-to (RabbitMQ
+//! 4's `/queues/<name>` address back to the queue's name);
+//! content-type; content-encoding; creation-time → `timestamp` in seconds;
+//! group-id → `app_id`, where RabbitMQ 4 writes AMQP 0-9-1's app-id),
 //! `application-properties` (→ headers), `message-annotations` (those whose
 //! keys start with `x-` → headers too), `data` (concatenated into the body),
 //! `amqp-value` (a binary or string is the body; any other value's encoding
 //! is), `amqp-sequence` (its encoding is the body). `delivery-annotations`
-//! and `footer` are skipped.
+//! and `footer` are skipped. The annotations RabbitMQ writes for the
+//! AMQP 0-9-1 properties AMQP 1.0 has no field for (`x-basic-type`,
+//! `x-basic-app-id`, `x-basic-delivery-mode`, `x-basic-priority`,
+//! `x-basic-expiration`) go back into the properties, not the headers;
+//! `x-exchange` and `x-routing-key` (where it was published) stay headers.
 //!
 //! AMQP 1.0 types map to [`Value`](acemq_layers::Value): booleans, integers
 //! and floats to theirs (a `ulong` to `I64`, or its decimal text when over

@@ -98,15 +98,22 @@ pub(crate) fn text_of(v: &Value) -> String {
     }
 }
 
-/// Reads a constructor: the type code, past any descriptor (which is
-/// skipped).
+/// Reads a constructor: the type code, past any descriptor (skipped).
+/// A descriptor may itself be described (`0x00 0x00 ...`): those are
+/// counted, not recursed into.
 fn constructor(r: &mut Reader) -> Result<u8, String> {
+    let mut descriptors = 0usize;
     loop {
         let code = r.u8("a constructor").map_err(short)?;
-        if code != 0x00 {
+        if code == 0x00 {
+            descriptors += 1;
+            continue;
+        }
+        if descriptors == 0 {
             return Ok(code);
         }
-        skip(r)?;
+        skip_body(code, r)?;
+        descriptors -= 1;
     }
 }
 
@@ -114,6 +121,11 @@ fn constructor(r: &mut Reader) -> Result<u8, String> {
 /// nothing nested is visited.
 pub(crate) fn skip(r: &mut Reader) -> Result<(), String> {
     let code = constructor(r)?;
+    skip_body(code, r)
+}
+
+/// Skips what follows the type code `code`.
+fn skip_body(code: u8, r: &mut Reader) -> Result<(), String> {
     let n = match code {
         0x40..=0x45 => 0,
         0x50..=0x56 => 1,

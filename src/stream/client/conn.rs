@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::handshake;
-use super::io::{reader, writer, MAX_INCOMING_FRAME};
+use super::io::{reader, writer, Limits};
 use super::options::StreamOptions;
 use super::state::{Response, State};
 use crate::connection::CLOSE_BOUND;
@@ -45,8 +45,12 @@ struct Inner {
     tasks: [AbortHandle; 2],
 }
 
+/// The last handle gone: the connection ends (its events end with
+/// `Closed`), without waiting for the broker.
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.state.closing();
+        self.state.end(StreamError::Closed);
         for task in &self.tasks {
             task.abort();
         }
@@ -81,12 +85,14 @@ impl StreamClient {
         let (read_half, write_half) = socket.into_split();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let state = Arc::new(State::new(out_tx, opened.next_corr));
+        let state = Arc::new(State::new(out_tx, events_tx, opened.next_corr));
         let read = tokio::spawn(reader(
             read_half,
             state.clone(),
-            events_tx,
-            MAX_INCOMING_FRAME.max(opened.frame_max),
+            Limits {
+                frame_max: opened.frame_max,
+                chunk_max: opts.max_chunk_bytes,
+            },
             opened.heartbeat,
         ));
         let write = tokio::spawn(writer(write_half, out_rx, state.clone(), opened.heartbeat));
@@ -209,8 +215,18 @@ impl StreamClient {
             .send(frame::consumer_update_response(correlation_id, offset))
     }
 
-    /// The partitions (streams) of `super_stream`, in order.
+    /// The partitions (streams) of `super_stream`, in order. Super
+    /// streams came with RabbitMQ 3.11: on an older broker (or one whose
+    /// version is unknown) this is [`StreamError::Unsupported`] without
+    /// asking (3.10 leaves the command unanswered).
     pub async fn partitions(&self, super_stream: &str) -> Result<Vec<String>, StreamError> {
+        if !self.at_least_3_11() {
+            return Err(StreamError::Unsupported {
+                what: "partitions (super streams)",
+                needs: "3.11",
+                version: self.server_version().unwrap_or("unknown").to_string(),
+            });
+        }
         let mut response = self.request(Request::Partitions { super_stream }).await?;
         check(response.code, "partitions", super_stream, 0)?;
         let b = &mut response.body;
@@ -229,7 +245,7 @@ impl StreamClient {
     /// `stream`'s statistics; `Ok(None)` on a broker older than 3.11 (it
     /// does not know the command) or whose version is unknown.
     pub async fn stream_stats(&self, stream: &str) -> Result<Option<StreamStats>, StreamError> {
-        if !self.supports_stats() {
+        if !self.at_least_3_11() {
             return Ok(None);
         }
         let mut response = self.request(Request::StreamStats { stream }).await?;
@@ -243,7 +259,9 @@ impl StreamClient {
         }))
     }
 
-    fn supports_stats(&self) -> bool {
+    /// Whether the broker is RabbitMQ 3.11 or later (super streams, stream
+    /// statistics, single active consumer).
+    fn at_least_3_11(&self) -> bool {
         let Some(v) = self.server_version() else {
             return false;
         };
@@ -260,6 +278,7 @@ impl StreamClient {
         if state.ended().is_some() {
             return Ok(());
         }
+        state.closing();
         let (corr, rx) = state.register();
         let req = Request::Close {
             code: 1,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use super::io::{read_frame, write_frame};
+use super::io::{read_frame, write_frame, Limits};
 use super::options::StreamOptions;
 use crate::stream::error::{ResponseCode, StreamError};
 use crate::stream::protocol::frame::{self, Request, ServerFrame};
@@ -13,6 +13,12 @@ use crate::stream::wire::Reader;
 
 /// The largest frame asked for: 1 MiB.
 pub(crate) const FRAME_MAX: u32 = 1024 * 1024;
+
+/// The handshake's frames: no Deliver comes before Open.
+const HANDSHAKE: Limits = Limits {
+    frame_max: FRAME_MAX,
+    chunk_max: FRAME_MAX,
+};
 
 /// What the opening settled.
 #[derive(Debug)]
@@ -83,7 +89,7 @@ pub(crate) async fn open(
     // The broker's Tune follows; the answer takes the lower of each value
     // (zero meaning "no limit" / "no heartbeat").
     let (server_frame_max, server_heartbeat) = loop {
-        match frame::decode(read_frame(socket, FRAME_MAX).await?)? {
+        match frame::decode(read_frame(socket, HANDSHAKE).await?)? {
             ServerFrame::Tune {
                 frame_max,
                 heartbeat,
@@ -154,7 +160,7 @@ async fn call(
     *corr += 1;
     write_frame(socket, &req.encode(mine)?).await?;
     loop {
-        match frame::decode(read_frame(socket, FRAME_MAX).await?)? {
+        match frame::decode(read_frame(socket, HANDSHAKE).await?)? {
             ServerFrame::Response {
                 corr, code, body, ..
             } if corr == mine => return Ok((code, body)),

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -19,50 +19,57 @@ use crate::stream::types::StreamEvent;
 /// How long one write may take before the connection is taken as lost.
 const WRITE_BOUND: Duration = Duration::from_secs(10);
 
-/// Reads one frame (without its size prefix). A size over `max` is refused
-/// before anything is allocated for it.
+/// The most bytes a frame may have: `frame_max` (negotiated), except a
+/// Deliver, which may have `chunk_max` — the broker sends a chunk whole,
+/// whatever its size: RabbitMQ 3.10 sends chunks over the negotiated
+/// `frame_max` (a 3 MB chunk on a 1 MiB connection, from an AMQP 0-9-1
+/// publisher's batch).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) frame_max: u32,
+    pub(crate) chunk_max: u32,
+}
+
+/// Reads one frame (without its size prefix). The size is checked against
+/// `limits` (by the frame's key) before anything is allocated for it.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
-    max: u32,
+    limits: Limits,
 ) -> Result<Bytes, StreamError> {
     let size = r.read_u32().await.map_err(io)?;
-    if size > max {
-        return Err(StreamError::FrameTooLarge { size, max });
+    if size == u32::from_be_bytes(*b"AMQP") {
+        return Err(StreamError::Protocol(
+            "the peer answered with AMQP 0-9-1's protocol header: this is the AMQP port, \
+             not the stream port (5552 by default)"
+                .into(),
+        ));
     }
     if size < 4 {
         return Err(StreamError::Protocol(format!(
             "a frame of {size} bytes, under a key and version"
         )));
     }
-    // Grown as the bytes arrive: a size that lies costs what was sent,
-    // not what it claims.
-    let want = size as usize;
-    let mut buf = Vec::with_capacity(want.min(64 * 1024));
-    (&mut *r)
-        .take(u64::from(size))
-        .read_to_end(&mut buf)
-        .await
-        .map_err(io)?;
-    if buf.len() != want {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!(
-                "the connection ended {} bytes into a frame of {want}",
-                buf.len()
-            ),
-        )));
+    let mut head = [0u8; 4];
+    r.read_exact(&mut head).await.map_err(io)?;
+    let key = u16::from_be_bytes([head[0], head[1]]);
+    if key == frame::DELIVER && size > limits.frame_max {
+        if size > limits.chunk_max.max(limits.frame_max) {
+            return Err(StreamError::ChunkTooLarge {
+                size,
+                max: limits.chunk_max,
+            });
+        }
+    } else if size > limits.frame_max {
+        return Err(StreamError::FrameTooLarge {
+            size,
+            max: limits.frame_max,
+        });
     }
-    Ok(Bytes::from(buf))
+    let mut buf = BytesMut::zeroed(size as usize);
+    buf[..4].copy_from_slice(&head);
+    r.read_exact(&mut buf[4..]).await.map_err(io)?;
+    Ok(buf.freeze())
 }
-
-/// The largest frame the connection reads once open: the broker sends a
-/// chunk whole in one frame, whatever `frame_max` the client asked for (a
-/// burst of 300 KB messages made 1.8 MB chunks against a 1 MiB
-/// `frame_max` on 3.10.8), so a chunk is bounded by what the broker
-/// accepts into it (its `max_message_size`, 128 MiB by default on 3.x,
-/// times the messages of one write), not by the negotiated size. A frame
-/// over this closes the connection with an error that says so.
-pub(crate) const MAX_INCOMING_FRAME: u32 = 512 * 1024 * 1024;
 
 /// Writes one frame within [`WRITE_BOUND`].
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
@@ -83,17 +90,16 @@ pub(crate) fn io(e: std::io::Error) -> StreamError {
 
 /// The reader: routes responses to their requests and everything else to
 /// `events`, until the socket ends, a frame cannot be read, or the broker
-/// is silent for `2 × heartbeat` (no bound when `heartbeat` is zero). Its
-/// last event is [`StreamEvent::Closed`].
+/// is silent for `2 × heartbeat` (no bound when `heartbeat` is zero); then
+/// the state's end sends the last event, [`StreamEvent::Closed`].
 pub(crate) async fn reader<R: AsyncRead + Unpin>(
     mut r: R,
     state: Arc<State>,
-    events: mpsc::UnboundedSender<StreamEvent>,
-    frame_max: u32,
+    limits: Limits,
     heartbeat: Duration,
 ) {
     let why = loop {
-        let next = read_frame(&mut r, frame_max);
+        let next = read_frame(&mut r, limits);
         let bytes = if heartbeat.is_zero() {
             next.await
         } else {
@@ -144,16 +150,15 @@ pub(crate) async fn reader<R: AsyncRead + Unpin>(
                 continue
             }
         };
-        // A receiver dropped is an application not listening: the
-        // connection goes on for its requests.
-        let _ = events.send(event);
+        state.emit(event);
     };
-    let why = state.end(why);
-    let _ = events.send(StreamEvent::Closed(why));
+    state.end(why);
 }
 
 /// The writer: sends queued frames in order, and a heartbeat every
-/// `heartbeat` (none when zero), until the queue closes or a write fails.
+/// `heartbeat` (none when zero), until the connection ends (the frames
+/// queued before are written), the queue closes or a write fails; then it
+/// shuts the socket's write side.
 pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     mut w: W,
     mut out: mpsc::UnboundedReceiver<Bytes>,
@@ -170,6 +175,8 @@ pub(crate) async fn writer<W: AsyncWrite + Unpin>(
     loop {
         let frame = tokio::select! {
             next = out.recv() => match next {
+                // Empty: the connection ended, everything before is written.
+                Some(frame) if frame.is_empty() => break,
                 Some(frame) => frame,
                 None => break,
             },

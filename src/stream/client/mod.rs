@@ -9,4 +9,8 @@ mod options;
 mod state;
 
 pub use conn::{StreamClient, REQUEST_TIMEOUT};
+#[cfg(test)]
+pub(crate) use io::{read_frame, reader, Limits};
 pub use options::StreamOptions;
+#[cfg(test)]
+pub(crate) use state::State;

@@ -30,15 +30,23 @@ pub struct StreamOptions {
     pub connection_name: String,
     /// The bound on TCP connect and the whole handshake.
     pub connect_timeout: Duration,
-    /// The heartbeat asked for (the broker's, when lower, wins; zero asks
-    /// for none). The connection is declared lost after twice the
-    /// negotiated heartbeat without a frame from the broker.
+    /// The heartbeat asked for, in whole seconds (the broker's, when lower,
+    /// wins; under a second leaves it to the broker). The connection is
+    /// declared lost after twice the negotiated heartbeat without a frame
+    /// from the broker.
     pub heartbeat: Duration,
+    /// The largest chunk (Deliver frame) accepted; a larger one closes the
+    /// connection with [`StreamError::ChunkTooLarge`](crate::stream::StreamError::ChunkTooLarge).
+    /// The broker sends a chunk whole, over the negotiated frame size if
+    /// it is bigger (chunks of an AMQP 0-9-1 publisher's batches are), so
+    /// this bounds what one chunk may allocate; a subscription holds up to
+    /// credit × this. 64 MiB by default.
+    pub max_chunk_bytes: u32,
 }
 
 impl Default for StreamOptions {
     /// `guest`@`127.0.0.1:5552`, virtual host `/`, 10 s to connect, 60 s
-    /// heartbeat.
+    /// heartbeat, chunks up to 64 MiB.
     fn default() -> Self {
         StreamOptions {
             host: "127.0.0.1".into(),
@@ -49,6 +57,7 @@ impl Default for StreamOptions {
             connection_name: "acemq-stream".into(),
             connect_timeout: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
+            max_chunk_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -65,6 +74,7 @@ impl std::fmt::Debug for StreamOptions {
             .field("connection_name", &self.connection_name)
             .field("connect_timeout", &self.connect_timeout)
             .field("heartbeat", &self.heartbeat)
+            .field("max_chunk_bytes", &self.max_chunk_bytes)
             .finish()
     }
 }
@@ -128,6 +138,7 @@ impl StreamOptions {
             connection_name: format!("{name}-streams"),
             connect_timeout: config.connect_timeout,
             heartbeat: config.heartbeat.unwrap_or(Duration::from_secs(60)),
+            max_chunk_bytes: config.streams.max_chunk_bytes,
         })
     }
 }

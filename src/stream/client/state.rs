@@ -2,13 +2,14 @@
 //! waiting for an answer, the outgoing frames, and why it ended.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::stream::error::StreamError;
+use crate::stream::types::StreamEvent;
 use crate::stream::wire::Reader;
 use crate::sync::Locked;
 
@@ -27,15 +28,27 @@ pub(crate) struct State {
     /// Why the connection ended, once it has.
     ended: Mutex<Option<StreamError>>,
     out: mpsc::UnboundedSender<Bytes>,
+    /// Where events go, until the connection ends (its last event is
+    /// `Closed`: nothing is sent after it).
+    events: Mutex<Option<mpsc::UnboundedSender<StreamEvent>>>,
+    /// The application is closing: the socket's end that follows is the
+    /// close, not a loss.
+    closing: AtomicBool,
 }
 
 impl State {
-    pub(crate) fn new(out: mpsc::UnboundedSender<Bytes>, first_corr: u32) -> Self {
+    pub(crate) fn new(
+        out: mpsc::UnboundedSender<Bytes>,
+        events: mpsc::UnboundedSender<StreamEvent>,
+        first_corr: u32,
+    ) -> Self {
         State {
             next: AtomicU32::new(first_corr),
             pending: Mutex::new(HashMap::new()),
             ended: Mutex::new(None),
             out,
+            events: Mutex::new(Some(events)),
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -50,6 +63,19 @@ impl State {
             return Err(e);
         }
         self.out.send(frame).map_err(|_| StreamError::Closed)
+    }
+
+    /// Hands an event to the application (nothing after the connection
+    /// ended; a receiver dropped is an application not listening).
+    pub(crate) fn emit(&self, event: StreamEvent) {
+        if let Some(tx) = self.events.locked().as_ref() {
+            let _ = tx.send(event);
+        }
+    }
+
+    /// Marks the connection as being closed by the application.
+    pub(crate) fn closing(&self) {
+        self.closing.store(true, Ordering::Relaxed);
     }
 
     /// A new correlation id and the receiver of its response.
@@ -73,14 +99,25 @@ impl State {
         }
     }
 
-    /// Records why the connection ended (the first reason wins) and fails
-    /// every waiting request; the reason kept.
+    /// Records why the connection ended (the first reason wins), fails
+    /// every waiting request, tells the writer to stop once what is queued
+    /// is written (an empty frame), and sends the last event, `Closed`
+    /// (once); the reason kept.
     pub(crate) fn end(&self, why: StreamError) -> StreamError {
+        let why = if self.closing.load(Ordering::Relaxed) {
+            StreamError::Closed
+        } else {
+            why
+        };
         let kept = {
             let mut ended = self.ended.locked();
             ended.get_or_insert(why).clone()
         };
         self.pending.locked().clear();
+        let _ = self.out.send(Bytes::new());
+        if let Some(tx) = self.events.locked().take() {
+            let _ = tx.send(StreamEvent::Closed(kept.clone()));
+        }
         kept
     }
 }
