@@ -68,24 +68,26 @@ pub(crate) struct StreamLoop<S> {
 type Running<F> = FuturesUnordered<Pin<Box<Handling<F>>>>;
 
 /// What the loop keeps of a message between its read and its settle.
-struct Read {
-    partition: usize,
+pub(super) struct Read {
+    pub(super) partition: usize,
     offset: u64,
     delivery: Delivery,
     /// Times handed back and read again here.
     reruns: u32,
 }
 
-struct State<'a> {
-    queue: &'a Arc<str>,
-    client: &'a StreamClient,
-    partitions: Vec<(String, Offsets)>,
+/// A running loop's state (its answers to a single active consumer's
+/// updates: `stream_sac`).
+pub(super) struct State<'a> {
+    pub(super) queue: &'a Arc<str>,
+    pub(super) client: &'a StreamClient,
+    pub(super) partitions: Vec<(String, Offsets)>,
     owed: Vec<u16>,
-    consumer_name: &'a str,
+    pub(super) consumer_name: &'a str,
     store: OffsetStore,
     prefetch: usize,
-    buffer: VecDeque<Delivery>,
-    read: HashMap<u64, Read>,
+    pub(super) buffer: VecDeque<Delivery>,
+    pub(super) read: HashMap<u64, Read>,
     next_tag: u64,
     lifeline: &'a Lifeline,
     stats: &'a QueueStats,
@@ -391,64 +393,6 @@ impl State<'_> {
             } else {
                 warn!(queue = %self.queue, stream = %stream, consumer = self.consumer_name, offset = want, read_back = ?seen, "the drain's offset store was not confirmed within {CLOSE_BOUND:?}: the next start may read up to the offset_store bound again");
             }
-        }
-    }
-
-    /// The broker made this instance the partition's active consumer, or
-    /// took that away: start from the stored offset, or store what settled
-    /// and forget what is unsettled.
-    async fn consumer_update(
-        &mut self,
-        sub: u8,
-        correlation_id: u32,
-        active: bool,
-        fallback: OffsetSpec,
-    ) {
-        let part = usize::from(sub);
-        let Some((stream, offsets)) = self.partitions.get_mut(part) else {
-            return;
-        };
-        let stream = stream.clone();
-        let spec = if active {
-            let stored = self
-                .client
-                .query_offset(self.consumer_name, &stream)
-                .await
-                .ok()
-                .flatten();
-            offsets.restart(stored);
-            info!(queue = %self.queue, stream = %stream, stored = ?stored, "active consumer of the partition: reading from the stored offset");
-            stored.map_or(fallback, |o| OffsetSpec::Offset(o + 1))
-        } else {
-            if let Some(o) = offsets.due(Instant::now(), 1, Duration::ZERO, true) {
-                if self
-                    .client
-                    .store_offset(self.consumer_name, &stream, o)
-                    .is_ok()
-                {
-                    offsets.stored(o);
-                }
-            }
-            offsets.forget_unsettled();
-            let before = self.buffer.len();
-            let read = &mut self.read;
-            self.buffer.retain(|d| {
-                let tag = d.delivery_tag();
-                let keep = read.get(&tag).is_none_or(|r| r.partition != part);
-                if !keep {
-                    read.remove(&tag);
-                }
-                keep
-            });
-            info!(queue = %self.queue, stream = %stream, dropped = before - self.buffer.len(), "no longer the partition's active consumer: what was not started is left to the new one");
-            OffsetSpec::Next
-        };
-        if let Err(e) = self
-            .client
-            .answer_consumer_update(correlation_id, spec)
-            .await
-        {
-            warn!(queue = %self.queue, stream = %stream, error = %e, "answering the broker's consumer update failed");
         }
     }
 
