@@ -153,7 +153,7 @@ where
             tokio::select! {
                 biased;
                 () = intake.cancelled(), if !st.stopping => {
-                    st.stop(&mut running).await;
+                    st.stop(&mut running);
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     st.finished(done, dead_letter);
@@ -207,8 +207,13 @@ where
             st.publish_gauges(running.len());
         }
         if end.is_none() {
+            // Stored and confirmed before the subscriptions end: with a
+            // single active consumer, ending one hands the partition to
+            // the next consumer at once, which starts from the stored
+            // offset.
             st.store_due(true);
             st.confirm().await;
+            st.unsubscribe().await;
             let _ = tokio::time::timeout(CLOSE_BOUND, client.close()).await;
             end = Some(End::Drained);
         } else {
@@ -220,23 +225,19 @@ where
 }
 
 impl State<'_> {
-    /// The drain stopped intake: unsubscribe, hand back what no handler
-    /// started (its offsets are not stored), and let held ones go.
-    async fn stop<F>(&mut self, running: &mut Running<F>)
+    /// The drain stopped intake: no more credit and no chunk taken (the
+    /// subscriptions end only after the drain's last store), what no
+    /// handler started is handed back (its offsets are not stored), and
+    /// held ones go.
+    fn stop<F>(&mut self, running: &mut Running<F>)
     where
         F: std::future::Future<Output = Result<Decision, BoxError>> + Released,
     {
         self.stopping = true;
-        let subs = (0..self.partitions.len()).map(|i| {
-            let client = self.client;
-            async move {
-                let id = u8::try_from(i).unwrap_or(u8::MAX);
-                let _ = tokio::time::timeout(CLOSE_BOUND, client.unsubscribe(id)).await;
-            }
-        });
-        futures::future::join_all(subs).await;
         let handed = self.buffer.len();
-        self.buffer.clear();
+        for d in self.buffer.drain(..) {
+            self.read.remove(&d.delivery_tag());
+        }
         if handed > 0 {
             self.stats.handed_back.fetch_add(handed, Ordering::Relaxed);
             self.stats
@@ -258,7 +259,24 @@ impl State<'_> {
         running.extend(all);
     }
 
+    /// Ends every subscription, each within [`CLOSE_BOUND`].
+    async fn unsubscribe(&self) {
+        let subs = (0..self.partitions.len()).map(|i| {
+            let client = self.client;
+            async move {
+                let id = u8::try_from(i).unwrap_or(u8::MAX);
+                let _ = tokio::time::timeout(CLOSE_BOUND, client.unsubscribe(id)).await;
+            }
+        });
+        futures::future::join_all(subs).await;
+    }
+
     fn chunk(&mut self, chunk: Chunk) {
+        if self.stopping {
+            // Sent on credit granted before the drain: not read, so not
+            // stored; the next consumer reads it.
+            return;
+        }
         let part = usize::from(chunk.subscription);
         let Some((stream, offsets)) = self.partitions.get_mut(part) else {
             debug!(queue = %self.queue, subscription = chunk.subscription, "a chunk for an unknown subscription; dropped");
