@@ -157,6 +157,10 @@ where
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     st.finished(done, dead_letter);
+                    if end.is_none() {
+                        // `every` settled is due at once, not at the tick.
+                        st.store_due(false);
+                    }
                     st.grant();
                 }
                 ev = events.recv(), if end.is_none() => match ev {
