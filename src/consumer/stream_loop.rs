@@ -387,9 +387,11 @@ impl State<'_> {
     }
 
     /// The drain's last stores, read back: `store_offset` has no answer.
+    /// A partition this loop stored nothing to (none read, or another
+    /// instance is its active consumer) has nothing to confirm.
     async fn confirm(&self) {
         for (stream, offsets) in &self.partitions {
-            let Some(want) = offsets.last_stored() else {
+            let Some(want) = offsets.last_sent() else {
                 continue;
             };
             let deadline = tokio::time::Instant::now() + CLOSE_BOUND;
