@@ -368,7 +368,13 @@ async fn sac_the_drain_stores_and_confirms_every_partitions_offset() {
     let b = shop(&format!("{s}-b"), &s, &yaml);
     lines_within(&b, ACTIVE, 3, Duration::from_secs(30)).await;
     publish_round_robin(&mut broker, &s, &["0", "1", "2"], &orders("p", 30, 0)).await;
-    all_handled(&[&b], &[err.clone()], 330, Duration::from_secs(60)).await;
+    all_handled(
+        &[&b],
+        std::slice::from_ref(&err),
+        330,
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(duplicates(&handled_counts(&[err, b.stderr()])), 0);
     delete_exchange(&mut broker, &s).await;
 }
