@@ -1,6 +1,6 @@
 //! acemq's stream protocol client against the real broker's stream plugin
-//! (port 5552): streams declared and fed over AMQP 0-9-1, read back over
-//! the stream protocol.
+//! (`ACEMQ_STREAM_PORT`, default 5552): streams declared and fed over AMQP
+//! 0-9-1, read back over the stream protocol.
 
 use std::time::Duration;
 
@@ -21,10 +21,7 @@ fn options() -> StreamOptions {
     let url = url::Url::parse(&crate::support::addr()).expect("AMQP_ADDR is a URL");
     StreamOptions {
         host: url.host_str().unwrap_or("127.0.0.1").to_string(),
-        port: std::env::var("STREAM_PORT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(5552),
+        port: crate::streams::stream_port(),
         connection_name: "acemq-test-stream".into(),
         ..StreamOptions::default()
     }
