@@ -6,7 +6,8 @@
 #
 #   scripts/rabbitmq4-suite.sh broker    the whole broker suite (tests/broker) and the outbox
 #                                        relay's tests (tests/postgres, relay::) on a 4.3 node
-#                                        (scripts/rabbitmq4.sh up; taken down at the end)
+#                                        with the stream plugin (scripts/rabbitmq4.sh up with
+#                                        ACEMQ_NODE_PLUGINS=rabbitmq_stream; taken down at the end)
 #   scripts/rabbitmq4-suite.sh node      the throwaway-node suite (tests/node) on 4.3 nodes
 #   scripts/rabbitmq4-suite.sh cluster   the cluster suite (tests/cluster) on a 4.3 cluster
 #   scripts/rabbitmq4-suite.sh version   print the root's version (building the root first)
@@ -24,6 +25,10 @@
 # hold another 4.3.x). For `broker` the tests get
 #   AMQP_ADDR=amqp://guest:guest@127.0.0.1:PORT/%2f   (PORT: ACEMQ_RABBITMQ4_PORT or 5704)
 #   ACEMQ_RABBITMQCTL="scripts/rabbitmq4.sh ctl"      (tests/broker/support.rs)
+#   ACEMQ_STREAM_PORT=PORT-120                        (the node's stream port, 5584 for 5704;
+#                                                     tests/broker/streams.rs)
+# (with --default-broker they get AMQP_ADDR, ACEMQ_RABBITMQCTL and
+# ACEMQ_STREAM_PORT as set, the tests' defaults otherwise: 5672 and 5552)
 # and the node is taken down at the end in every case (a trap: a failing test
 # or Ctrl-C also stops it). For `node` and `cluster` the tests start and stop
 # their own nodes with scripts/broker-node.sh and scripts/cluster.sh; they get
@@ -134,11 +139,15 @@ case "$suite" in
       export ACEMQ_RABBITMQ4_PORT=$port
       export AMQP_ADDR="amqp://guest:guest@127.0.0.1:$port/%2f"
       export ACEMQ_RABBITMQCTL="scripts/rabbitmq4.sh ctl"
+      # The stream tests need the plugin; scripts/broker-node.sh puts its
+      # listener on PORT-120.
+      export ACEMQ_NODE_PLUGINS=rabbitmq_stream
+      export ACEMQ_STREAM_PORT=$((port - 120))
       trap 'scripts/rabbitmq4.sh down "$port" || true' EXIT
       trap 'exit 130' INT
       trap 'exit 143' TERM
       scripts/rabbitmq4.sh up "$port"
-      where="RabbitMQ $(scripts/rabbitmq4.sh ctl -q version 2>/dev/null || echo '?') at 127.0.0.1:$port"
+      where="RabbitMQ $(scripts/rabbitmq4.sh ctl -q version 2>/dev/null || echo '?') at 127.0.0.1:$port (streams on $ACEMQ_STREAM_PORT)"
     else
       where="the default broker ($(
         # shellcheck disable=SC2086 # a command line, split on whitespace like the tests split it

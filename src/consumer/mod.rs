@@ -63,7 +63,17 @@
 //!   deliveries the broker took back, which the next one does not start
 //!   until they end;
 //! - `struck`: the wrapper that tells the stack about a message struck
-//!   before (dead-lettered as `consumer-timeout` once it has struck out).
+//!   before (dead-lettered as `consumer-timeout` once it has struck out);
+//! - `stream_loop`: a stream generation's loop ([`StreamLoop`]): its
+//!   partitions' subscriptions read through the stack, credit, offset
+//!   stores, and the drain's last store, confirmed before the
+//!   subscriptions end;
+//! - `stream_sac`: the loop's answers to a single active consumer's
+//!   updates (active: read from the stored offset; no longer: store what
+//!   settled, leave the rest to the next consumer);
+//! - `offsets`: a stream partition's settled and stored offsets;
+//! - `stream_delivery`: a stream message as a delivery
+//!   ([`StreamOffsetOf`]).
 
 mod generation;
 mod handler;
@@ -74,6 +84,7 @@ mod run;
 mod stats;
 mod stream_delivery;
 mod stream_loop;
+mod stream_sac;
 mod strikes;
 mod struck;
 mod taken;

@@ -22,8 +22,10 @@ pub(crate) struct Offsets {
     floor: Option<u64>,
     /// The last offset settled with everything before it.
     settled: Option<u64>,
-    /// The last offset sent in a store.
+    /// The last offset stored (sent in a store, or stored when read).
     stored: Option<u64>,
+    /// The last offset this reader sent in a store.
+    sent: Option<u64>,
     /// Settled since the last store, and when the first of them settled.
     unstored: u32,
     since: Option<Instant>,
@@ -38,6 +40,7 @@ impl Offsets {
             floor: stored,
             settled: stored,
             stored,
+            sent: None,
             unstored: 0,
             since: None,
         }
@@ -94,13 +97,15 @@ impl Offsets {
     /// A store of `offset` was sent.
     pub(crate) fn stored(&mut self, offset: u64) {
         self.stored = Some(offset);
+        self.sent = Some(offset);
         self.unstored = 0;
         self.since = None;
     }
 
-    /// The last offset sent in a store.
-    pub(crate) fn last_stored(&self) -> Option<u64> {
-        self.stored
+    /// The last offset this reader sent in a store (since it was made or
+    /// restarted); `None` when it stored nothing.
+    pub(crate) fn last_sent(&self) -> Option<u64> {
+        self.sent
     }
 
     /// Read and not settled together with everything before them.
@@ -198,8 +203,10 @@ mod tests {
         o.forget_unsettled();
         assert_eq!(o.due(now, 1, WITHIN, true), Some(0));
         assert!(o.read(1), "read again after the settled offset");
+        o.stored(0);
+        assert_eq!(o.last_sent(), Some(0));
         o.restart(Some(7));
         assert!(!o.read(7));
-        assert_eq!(o.last_stored(), Some(7));
+        assert_eq!(o.last_sent(), None, "read when subscribed, not sent");
     }
 }

@@ -68,24 +68,26 @@ pub(crate) struct StreamLoop<S> {
 type Running<F> = FuturesUnordered<Pin<Box<Handling<F>>>>;
 
 /// What the loop keeps of a message between its read and its settle.
-struct Read {
-    partition: usize,
+pub(super) struct Read {
+    pub(super) partition: usize,
     offset: u64,
     delivery: Delivery,
     /// Times handed back and read again here.
     reruns: u32,
 }
 
-struct State<'a> {
-    queue: &'a Arc<str>,
-    client: &'a StreamClient,
-    partitions: Vec<(String, Offsets)>,
+/// A running loop's state (its answers to a single active consumer's
+/// updates: `stream_sac`).
+pub(super) struct State<'a> {
+    pub(super) queue: &'a Arc<str>,
+    pub(super) client: &'a StreamClient,
+    pub(super) partitions: Vec<(String, Offsets)>,
     owed: Vec<u16>,
-    consumer_name: &'a str,
+    pub(super) consumer_name: &'a str,
     store: OffsetStore,
     prefetch: usize,
-    buffer: VecDeque<Delivery>,
-    read: HashMap<u64, Read>,
+    pub(super) buffer: VecDeque<Delivery>,
+    pub(super) read: HashMap<u64, Read>,
     next_tag: u64,
     lifeline: &'a Lifeline,
     stats: &'a QueueStats,
@@ -151,10 +153,14 @@ where
             tokio::select! {
                 biased;
                 () = intake.cancelled(), if !st.stopping => {
-                    st.stop(&mut running).await;
+                    st.stop(&mut running);
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
                     st.finished(done, dead_letter);
+                    if end.is_none() {
+                        // `every` settled is due at once, not at the tick.
+                        st.store_due(false);
+                    }
                     st.grant();
                 }
                 ev = events.recv(), if end.is_none() => match ev {
@@ -205,8 +211,13 @@ where
             st.publish_gauges(running.len());
         }
         if end.is_none() {
+            // Stored and confirmed before the subscriptions end: with a
+            // single active consumer, ending one hands the partition to
+            // the next consumer at once, which starts from the stored
+            // offset.
             st.store_due(true);
             st.confirm().await;
+            st.unsubscribe().await;
             let _ = tokio::time::timeout(CLOSE_BOUND, client.close()).await;
             end = Some(End::Drained);
         } else {
@@ -218,23 +229,19 @@ where
 }
 
 impl State<'_> {
-    /// The drain stopped intake: unsubscribe, hand back what no handler
-    /// started (its offsets are not stored), and let held ones go.
-    async fn stop<F>(&mut self, running: &mut Running<F>)
+    /// The drain stopped intake: no more credit and no chunk taken (the
+    /// subscriptions end only after the drain's last store), what no
+    /// handler started is handed back (its offsets are not stored), and
+    /// held ones go.
+    fn stop<F>(&mut self, running: &mut Running<F>)
     where
         F: std::future::Future<Output = Result<Decision, BoxError>> + Released,
     {
         self.stopping = true;
-        let subs = (0..self.partitions.len()).map(|i| {
-            let client = self.client;
-            async move {
-                let id = u8::try_from(i).unwrap_or(u8::MAX);
-                let _ = tokio::time::timeout(CLOSE_BOUND, client.unsubscribe(id)).await;
-            }
-        });
-        futures::future::join_all(subs).await;
         let handed = self.buffer.len();
-        self.buffer.clear();
+        for d in self.buffer.drain(..) {
+            self.read.remove(&d.delivery_tag());
+        }
         if handed > 0 {
             self.stats.handed_back.fetch_add(handed, Ordering::Relaxed);
             self.stats
@@ -256,7 +263,24 @@ impl State<'_> {
         running.extend(all);
     }
 
+    /// Ends every subscription, each within [`CLOSE_BOUND`].
+    async fn unsubscribe(&self) {
+        let subs = (0..self.partitions.len()).map(|i| {
+            let client = self.client;
+            async move {
+                let id = u8::try_from(i).unwrap_or(u8::MAX);
+                let _ = tokio::time::timeout(CLOSE_BOUND, client.unsubscribe(id)).await;
+            }
+        });
+        futures::future::join_all(subs).await;
+    }
+
     fn chunk(&mut self, chunk: Chunk) {
+        if self.stopping {
+            // Sent on credit granted before the drain: not read, so not
+            // stored; the next consumer reads it.
+            return;
+        }
         let part = usize::from(chunk.subscription);
         let Some((stream, offsets)) = self.partitions.get_mut(part) else {
             debug!(queue = %self.queue, subscription = chunk.subscription, "a chunk for an unknown subscription; dropped");
@@ -363,9 +387,11 @@ impl State<'_> {
     }
 
     /// The drain's last stores, read back: `store_offset` has no answer.
+    /// A partition this loop stored nothing to (none read, or another
+    /// instance is its active consumer) has nothing to confirm.
     async fn confirm(&self) {
         for (stream, offsets) in &self.partitions {
-            let Some(want) = offsets.last_stored() else {
+            let Some(want) = offsets.last_sent() else {
                 continue;
             };
             let deadline = tokio::time::Instant::now() + CLOSE_BOUND;
@@ -391,64 +417,6 @@ impl State<'_> {
             } else {
                 warn!(queue = %self.queue, stream = %stream, consumer = self.consumer_name, offset = want, read_back = ?seen, "the drain's offset store was not confirmed within {CLOSE_BOUND:?}: the next start may read up to the offset_store bound again");
             }
-        }
-    }
-
-    /// The broker made this instance the partition's active consumer, or
-    /// took that away: start from the stored offset, or store what settled
-    /// and forget what is unsettled.
-    async fn consumer_update(
-        &mut self,
-        sub: u8,
-        correlation_id: u32,
-        active: bool,
-        fallback: OffsetSpec,
-    ) {
-        let part = usize::from(sub);
-        let Some((stream, offsets)) = self.partitions.get_mut(part) else {
-            return;
-        };
-        let stream = stream.clone();
-        let spec = if active {
-            let stored = self
-                .client
-                .query_offset(self.consumer_name, &stream)
-                .await
-                .ok()
-                .flatten();
-            offsets.restart(stored);
-            info!(queue = %self.queue, stream = %stream, stored = ?stored, "active consumer of the partition: reading from the stored offset");
-            stored.map_or(fallback, |o| OffsetSpec::Offset(o + 1))
-        } else {
-            if let Some(o) = offsets.due(Instant::now(), 1, Duration::ZERO, true) {
-                if self
-                    .client
-                    .store_offset(self.consumer_name, &stream, o)
-                    .is_ok()
-                {
-                    offsets.stored(o);
-                }
-            }
-            offsets.forget_unsettled();
-            let before = self.buffer.len();
-            let read = &mut self.read;
-            self.buffer.retain(|d| {
-                let tag = d.delivery_tag();
-                let keep = read.get(&tag).is_none_or(|r| r.partition != part);
-                if !keep {
-                    read.remove(&tag);
-                }
-                keep
-            });
-            info!(queue = %self.queue, stream = %stream, dropped = before - self.buffer.len(), "no longer the partition's active consumer: what was not started is left to the new one");
-            OffsetSpec::Next
-        };
-        if let Err(e) = self
-            .client
-            .answer_consumer_update(correlation_id, spec)
-            .await
-        {
-            warn!(queue = %self.queue, stream = %stream, error = %e, "answering the broker's consumer update failed");
         }
     }
 

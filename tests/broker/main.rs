@@ -60,4 +60,6 @@ mod shop_timeout;
 mod soak;
 mod stream_client;
 mod streams;
+mod streams_faults;
+mod streams_sac;
 mod topology;

@@ -1,7 +1,8 @@
 //! A fault-injection TCP proxy between one test's runner and the broker.
 //!
 //! It listens on an ephemeral local port and forwards every connection to
-//! the broker. [`Proxy::cut`] drops every live connection at once (both
+//! the broker (its AMQP port, or another such as the stream plugin's:
+//! [`Proxy::start_to`]). [`Proxy::cut`] drops every live connection at once (both
 //! sides: the broker sees its client go away and requeues what it had
 //! sent) and refuses new ones until [`Proxy::restore`]; the listener stays
 //! bound, so the port never changes and a refused connection is closed as
@@ -52,6 +53,13 @@ impl Proxy {
             url.host_str().unwrap_or("127.0.0.1"),
             url.port().unwrap_or(5672)
         );
+        Proxy::start_to(&upstream).await
+    }
+
+    /// Starts a proxy to `upstream` (`host:port`), e.g. the broker's stream
+    /// plugin.
+    pub async fn start_to(upstream: &str) -> Proxy {
+        let upstream = upstream.to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (state, _) = watch::channel(State {
@@ -83,6 +91,11 @@ impl Proxy {
         url.set_host(Some("127.0.0.1")).expect("host");
         url.set_port(Some(self.addr.port())).expect("port");
         url.to_string()
+    }
+
+    /// The port the proxy listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 
     /// Drops every live connection at once and refuses new ones.
