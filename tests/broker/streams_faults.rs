@@ -13,10 +13,11 @@ use std::time::Duration;
 use lapin::BasicProperties;
 
 use crate::proxy::Proxy;
-use crate::streams::{handled_counts, stream_port};
+use crate::streams::handled_counts;
 use crate::streams_sac::{
     all_handled, declared, duplicates, lines_with, lines_within, orders, shop_yaml,
 };
+use crate::support::stream_port;
 use crate::support::{eventually, unique, Broker, QueueCleanup, ShopProcess};
 
 const EVERY: usize = 50;

@@ -16,7 +16,8 @@ use std::time::Duration;
 use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions};
 use lapin::BasicProperties;
 
-use crate::streams::{handled_counts, stream_port};
+use crate::streams::handled_counts;
+use crate::support::stream_port;
 use crate::support::{ctl_version, eventually, unique, Broker, QueueCleanup, ShopProcess};
 
 /// A shop config consuming stream `s` (`extra`: more keys of the entry,
