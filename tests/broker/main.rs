@@ -61,5 +61,6 @@ mod soak;
 mod stream_client;
 mod streams;
 mod streams_faults;
+mod streams_hostile;
 mod streams_sac;
 mod topology;
