@@ -177,21 +177,37 @@ fn connection_name() -> String {
 
 /// Publishes the batch `seed` to `queue` (the demo batch with its delayed
 /// order).
-async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, queue: &str) {
+/// Where the seed batch is published.
+struct SeedRoute {
+    exchange: String,
+    /// Routing keys, used in turn.
+    keys: Vec<String>,
+    /// Publish the demo's delayed order too.
+    delayed: bool,
+}
+
+async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, route: &SeedRoute) {
+    let (exchange, keys) = (route.exchange.as_str(), &route.keys);
     let batch = seed.orders();
     let n = batch.len();
-    for order in batch {
+    let queue = if exchange.is_empty() {
+        keys[0].as_str()
+    } else {
+        exchange
+    };
+    for (i, order) in batch.into_iter().enumerate() {
+        let key = &keys[i % keys.len()];
         let mut props = acemq::Properties::default();
         props.message_id = Some(order.id.clone());
         props.content_type = Some("application/json".to_owned());
         if let Err(e) = publisher
-            .publish_with_headers("", queue, &order.body, props, &order.headers)
+            .publish_with_headers(exchange, key, &order.body, props, &order.headers)
             .await
         {
             warn!(order = %order.id, error = %e, "could not publish a {} order", seed.name());
         }
     }
-    if seed == Seed::Demo {
+    if seed == Seed::Demo && route.delayed {
         // One more order, published with a 2 s delay: it waits in the
         // bucket queue `acemq.delay.2s` (no plugin) and reaches the queue
         // through the default exchange after 2 s.
@@ -200,7 +216,7 @@ async fn publish_seed(publisher: &acemq::Publisher, seed: Seed, queue: &str) {
         props.content_type = Some("application/json".to_owned());
         let body = format!(r#"{{"id":"{DELAYED_ORDER}"}}"#);
         match publisher
-            .publish_delayed("", queue, body.as_bytes(), props, DEMO_DELAY)
+            .publish_delayed(exchange, &keys[0], body.as_bytes(), props, DEMO_DELAY)
             .await
         {
             Ok(()) => {
@@ -320,6 +336,31 @@ async fn shop() -> ExitCode {
         &config,
         acemq::connection::resolve_addresses(None, &config.addresses).join(","),
     );
+    // Where the demo batch goes: the first queue consumed, through the
+    // default exchange; a super stream through its exchange, the orders
+    // spread over its partitions' routing keys. A stream takes no delayed
+    // order: it would reach it by dead-lettering from the delay bucket,
+    // which RabbitMQ 3.10.8 drops.
+    let seed_route = queues.first().and_then(|q| config.queue(q)).map(|q| {
+        let keys = if q.is_super_stream() {
+            q.stream_partitions()
+                .into_iter()
+                .map(|(_, key)| key)
+                .collect()
+        } else {
+            vec![q.name.clone()]
+        };
+        let exchange = if q.is_super_stream() {
+            q.name.clone()
+        } else {
+            String::new()
+        };
+        SeedRoute {
+            exchange,
+            keys,
+            delayed: !q.is_stream(),
+        }
+    });
     let stats = Arc::new(Stats::default());
     let mut app = App::new(config).connection_name(connection_name());
     for queue in &queues {
@@ -358,8 +399,8 @@ async fn shop() -> ExitCode {
         }
     }
 
-    if let (Some(seed), Some(first)) = (args.seed, queues.first()) {
-        publish_seed(&running.publisher(), seed, first).await;
+    if let (Some(seed), Some(route)) = (args.seed, &seed_route) {
+        publish_seed(&running.publisher(), seed, route).await;
     }
 
     let status_health = health.clone();
