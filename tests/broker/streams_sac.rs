@@ -379,3 +379,53 @@ async fn sac_the_drain_stores_and_confirms_every_partitions_offset() {
     assert_eq!(duplicates(&handled_counts(&[err, b.stderr()])), 0);
     delete_exchange(&mut broker, &s).await;
 }
+
+#[tokio::test]
+async fn sac_a_rebalance_under_load_loses_nothing() {
+    let s = unique("sac-busy");
+    let yaml = shop_yaml(
+        &s,
+        stream_port(),
+        50,
+        "    partitions: 3\n    offset_store: { every: 50, within: 200ms }\n",
+    );
+    if refused_before_3_11(&s, &yaml, "queues[0].partitions").await {
+        return;
+    }
+    let _cleanup = QueueCleanup::new(declared(&s, 3));
+    let mut broker = Broker::new().await;
+
+    let mut a = shop(&format!("{s}-a"), &s, &yaml);
+    lines_within(&a, ACTIVE, 3, Duration::from_secs(30)).await;
+    publish_round_robin(&mut broker, &s, &["0", "1", "2"], &orders("o", 3000, 5)).await;
+    let ok = eventually(Duration::from_secs(60), || async {
+        handled_counts(&[a.stderr()]).len() >= 500
+    })
+    .await;
+    assert!(
+        ok,
+        "the first shop never handled 500; stderr:\n{}",
+        a.stderr()
+    );
+
+    // A second instance joins mid-stream: a partition moves while the
+    // first has handlers running on it.
+    let mut b = shop(&format!("{s}-b"), &s, &yaml);
+    lines_within(&a, STEPPED_DOWN, 1, Duration::from_secs(30)).await;
+    all_handled(&[&a, &b], &[], 3000, Duration::from_secs(120)).await;
+    let dup = duplicates(&handled_counts(&[a.stderr(), b.stderr()]));
+    let by_b = handled_counts(&[b.stderr()]).len();
+    eprintln!("measured: a partition moved under load, the second shop handled {by_b} of 3000; duplicates: {dup}");
+    assert!(by_b > 0, "the second shop handled nothing");
+    assert!(
+        dup <= 8,
+        "{dup} duplicates over the concurrency (8) at the rebalance"
+    );
+
+    for shop in [&mut a, &mut b] {
+        shop.signal("-TERM");
+        let status = shop.exit_within(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(0), "stderr:\n{}", shop.stderr());
+    }
+    delete_exchange(&mut broker, &s).await;
+}
