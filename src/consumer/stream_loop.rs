@@ -67,6 +67,15 @@ pub(crate) struct StreamLoop<S> {
 
 type Running<F> = FuturesUnordered<Pin<Box<Handling<F>>>>;
 
+/// A partition given up whose answer to the broker waits for its running
+/// handlers (`stream_sac`), until `by` at the latest.
+#[derive(Debug)]
+pub(super) struct StepDown {
+    pub(super) part: usize,
+    pub(super) correlation_id: u32,
+    pub(super) by: Instant,
+}
+
 /// What the loop keeps of a message between its read and its settle.
 pub(super) struct Read {
     pub(super) partition: usize,
@@ -88,6 +97,8 @@ pub(super) struct State<'a> {
     prefetch: usize,
     pub(super) buffer: VecDeque<Delivery>,
     pub(super) read: HashMap<u64, Read>,
+    /// Partitions given up whose answer waits for their running handlers.
+    pub(super) stepping_down: Vec<StepDown>,
     next_tag: u64,
     lifeline: &'a Lifeline,
     stats: &'a QueueStats,
@@ -135,6 +146,7 @@ where
             prefetch: prefetch.max(1),
             buffer: VecDeque::new(),
             read: HashMap::new(),
+            stepping_down: Vec::new(),
             next_tag: 0,
             lifeline: &lifeline,
             stats: &stats,
@@ -161,6 +173,7 @@ where
                         // `every` settled is due at once, not at the tick.
                         st.store_due(false);
                     }
+                    st.step_downs_due(Instant::now()).await;
                     st.grant();
                 }
                 ev = events.recv(), if end.is_none() => match ev {
@@ -205,6 +218,7 @@ where
                 _ = tick.tick() => {
                     if end.is_none() {
                         st.store_due(false);
+                        st.step_downs_due(Instant::now()).await;
                     }
                 }
             }
