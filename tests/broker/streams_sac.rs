@@ -415,11 +415,20 @@ async fn sac_a_rebalance_under_load_loses_nothing() {
     all_handled(&[&a, &b], &[], 3000, Duration::from_secs(120)).await;
     let dup = duplicates(&handled_counts(&[a.stderr(), b.stderr()]));
     let by_b = handled_counts(&[b.stderr()]).len();
-    eprintln!("measured: a partition moved under load, the second shop handled {by_b} of 3000; duplicates: {dup}");
+    let gave_up: Vec<String> = a
+        .stderr()
+        .lines()
+        .filter(|l| l.contains(STEPPED_DOWN))
+        .map(str::to_owned)
+        .collect();
+    eprintln!("measured: a partition moved under load, the second shop handled {by_b} of 3000; duplicates: {dup}; {gave_up:?}");
     assert!(by_b > 0, "the second shop handled nothing");
+    // 0 expected: the broker is answered once the partition's running
+    // handlers have ended and their offsets are stored. The bound is what
+    // answering at once costs (one message per concurrency slot).
     assert!(
         dup <= 8,
-        "{dup} duplicates over the concurrency (8) at the rebalance"
+        "{dup} duplicates at the rebalance (0 expected, bound 8)"
     );
 
     for shop in [&mut a, &mut b] {
