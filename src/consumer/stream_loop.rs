@@ -172,8 +172,8 @@ where
                     if end.is_none() {
                         // `every` settled is due at once, not at the tick.
                         st.store_due(false);
+                        st.step_downs_due(Instant::now()).await;
                     }
-                    st.step_downs_due(Instant::now()).await;
                     st.grant();
                 }
                 ev = events.recv(), if end.is_none() => match ev {
