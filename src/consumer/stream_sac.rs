@@ -102,7 +102,7 @@ impl State<'_> {
         }
         offsets.forget_unsettled();
         if running > 0 {
-            warn!(queue = %self.queue, stream = %stream, running, "the partition's running handlers did not end within {STEP_DOWN_BOUND:?} of giving it up: the next consumer reads their messages again");
+            warn!(queue = %self.queue, stream = %stream, running, "the partition was given up with handlers still running on it (they took over {STEP_DOWN_BOUND:?}, or the broker made this instance active again first): the next consumer reads their messages again");
         }
         self.answer(s.correlation_id, OffsetSpec::Next, &stream)
             .await;
