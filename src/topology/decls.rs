@@ -242,14 +242,7 @@ impl Topology {
                 delivery_limit: dlq_limit,
             });
         }
-        for (name, delay) in q.rungs() {
-            out.push(QueueDecl {
-                name,
-                arguments: table(rung_args(q, delay)),
-                passive: q.passive,
-                delivery_limit: None,
-            });
-        }
+        out.extend(rung_decls(q));
         out
     }
 
@@ -276,14 +269,7 @@ impl Topology {
                 delivery_limit: None,
             });
         }
-        for (name, delay) in q.rungs() {
-            out.push(QueueDecl {
-                name,
-                arguments: table(rung_args(q, delay)),
-                passive: q.passive,
-                delivery_limit: None,
-            });
-        }
+        out.extend(rung_decls(q));
         if let Some(work) = q.work_queue_name() {
             out.push(QueueDecl {
                 name: work,
@@ -354,6 +340,17 @@ impl Topology {
     pub fn get(&self, queue: &str) -> Option<&QueueDecl> {
         self.decls.iter().find(|d| d.name == queue)
     }
+}
+
+/// A queue's rungs (classic for a stream), none with a delivery limit
+/// (nothing consumes them).
+fn rung_decls(q: &QueueConfig) -> impl Iterator<Item = QueueDecl> + '_ {
+    q.rungs().into_iter().map(|(name, delay)| QueueDecl {
+        name,
+        arguments: table(rung_args(q, delay)),
+        passive: q.passive,
+        delivery_limit: None,
+    })
 }
 
 fn rung_args(q: &QueueConfig, delay: Duration) -> Vec<(&'static str, AMQPValue)> {
