@@ -103,6 +103,8 @@ pub(super) struct State<'a> {
     lifeline: &'a Lifeline,
     stats: &'a QueueStats,
     outcomes: OutcomeCounters,
+    /// `acemq.stream.stores`, registered once.
+    stores: metrics::Counter,
     stopping: bool,
 }
 
@@ -151,6 +153,7 @@ where
             lifeline: &lifeline,
             stats: &stats,
             outcomes: OutcomeCounters::new(&queue),
+            stores: metrics::counter!("acemq.stream.stores", "queue" => queue.to_string()),
             stopping: false,
         };
         let mut running: Running<S::Future> = FuturesUnordered::new();
@@ -168,11 +171,13 @@ where
                     st.stop(&mut running);
                 }
                 Some(done) = running.next(), if !running.is_empty() => {
-                    st.finished(done, dead_letter);
+                    // One clock read for the settle, the store and the step-downs.
+                    let now = Instant::now();
+                    st.finished(done, now);
                     if end.is_none() {
                         // `every` settled is due at once, not at the tick.
-                        st.store_due(false);
-                        st.step_downs_due(Instant::now()).await;
+                        st.store_due(now, false);
+                        st.step_downs_due(now).await;
                     }
                     st.grant();
                 }
@@ -217,8 +222,9 @@ where
                 },
                 _ = tick.tick() => {
                     if end.is_none() {
-                        st.store_due(false);
-                        st.step_downs_due(Instant::now()).await;
+                        let now = Instant::now();
+                        st.store_due(now, false);
+                        st.step_downs_due(now).await;
                     }
                 }
             }
@@ -229,7 +235,7 @@ where
             // single active consumer, ending one hands the partition to
             // the next consumer at once, which starts from the stored
             // offset.
-            st.store_due(true);
+            st.store_due(Instant::now(), true);
             st.confirm().await;
             st.unsubscribe().await;
             let _ = tokio::time::timeout(CLOSE_BOUND, client.close()).await;
@@ -338,8 +344,7 @@ impl State<'_> {
         }
     }
 
-    fn finished(&mut self, (decision, tag, started, held): Finished, _dead_letter: bool) {
-        let now = Instant::now();
+    fn finished(&mut self, (decision, tag, started, held): Finished, now: Instant) {
         let Some(read) = self.read.remove(&tag) else {
             return;
         };
@@ -382,15 +387,13 @@ impl State<'_> {
 
     /// Stores each partition's settled offset where a store is due
     /// (`force`: wherever anything settled is unstored).
-    fn store_due(&mut self, force: bool) {
-        let now = Instant::now();
+    fn store_due(&mut self, now: Instant, force: bool) {
         for (stream, offsets) in &mut self.partitions {
             if let Some(offset) = offsets.due(now, self.store.every, self.store.within, force) {
                 match self.client.store_offset(self.consumer_name, stream, offset) {
                     Ok(()) => {
                         offsets.stored(offset);
-                        metrics::counter!("acemq.stream.stores", "queue" => self.queue.to_string())
-                            .increment(1);
+                        self.stores.increment(1);
                     }
                     Err(e) => {
                         debug!(queue = %self.queue, stream = %stream, error = %e, "storing the offset failed; it is stored at the next chance")
